@@ -1,0 +1,175 @@
+"""Fixtures for LLM speed tests: the server, the warmed prefix, the cell runner.
+
+Example (a test of your own)::
+
+    @pytest.mark.parametrize("llm_prefix", ["32K"], indirect=True)
+    def test_chat_at_32k_c8(llm_prefix, llm_cell):
+        record = llm_cell.decode(llm_prefix, 8)
+        assert record["total_tok_s"] > 500
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .state import RUN_KEY
+
+if TYPE_CHECKING:
+    from .bench import Bench
+    from .probe import ServerInfo
+    from .protocol import PrefillResult
+    from .run import LLMSpeedRun
+
+
+def _active_run(request: pytest.FixtureRequest) -> LLMSpeedRun:
+    run = request.config.stash.get(RUN_KEY, None)
+    if run is None:
+        pytest.skip("pytest-llmspeed: no --llm-endpoint given")
+    if not run.started:
+        pytest.skip("pytest-llmspeed: the server was not probed (--collect-only?)")
+    if run.fatal:
+        pytest.fail(run.fatal, pytrace=False)
+    return run
+
+
+@dataclass(frozen=True)
+class WarmPrefix:
+    """A context whose shared prefix is cached on the server, with its prefill figures."""
+
+    param: int | str  # as given: 8192 or "max"
+    tokens: int  # resolved prompt length
+    prefill: PrefillResult
+
+    @property
+    def label(self) -> str:
+        from .matrix import context_label
+
+        return context_label(self.param)
+
+
+@pytest.fixture(scope="session")
+def llm_bench(request: pytest.FixtureRequest) -> Bench:
+    """The connected benchmark (one event loop, one aiohttp session) for the whole run."""
+    run = _active_run(request)
+    assert run.bench is not None
+    return run.bench
+
+
+@pytest.fixture(scope="session")
+def llm_server(llm_bench: Bench) -> ServerInfo:
+    """What the server is: model, max_model_len, engine, version, KV capacity."""
+    assert llm_bench.server is not None
+    return llm_bench.server
+
+
+@pytest.fixture(scope="session")
+def llm_prefix(request: pytest.FixtureRequest) -> WarmPrefix:
+    """Warm the shared prefix of a context (its first, cold request is the prefill cell).
+
+    Parametrized with the context (``8K``, ``8192`` or ``max``), indirectly.
+    """
+    from .client import LLMSpeedError, RequestRejected
+    from .matrix import parse_contexts
+
+    run = _active_run(request)
+    param = getattr(request, "param", None)
+    if param is None:
+        pytest.fail("llm_prefix needs a context: parametrize it (indirect=True)", pytrace=False)
+    if isinstance(param, str):
+        param = parse_contexts(param)[0]
+    reason = run.skip_reason("prefill", param, None)
+    if reason:
+        pytest.skip(reason)
+    try:
+        tokens, result = run.warm(param)
+    except RequestRejected as exc:
+        pytest.skip(f"the server refused the prompt: {run.redact(exc.message)}")
+    except LLMSpeedError as exc:
+        _stop_if_fatal(request, run, exc)
+        pytest.fail(run.redact(str(exc)), pytrace=False)
+    return WarmPrefix(param, tokens, result)
+
+
+def _stop_if_fatal(request: pytest.FixtureRequest, run: LLMSpeedRun, exc: Exception) -> None:
+    from .client import AuthError
+
+    if isinstance(exc, AuthError) or not run.healthy():
+        run.fatal = run.redact(f"stopped: {exc}")
+        request.session.shouldstop = "pytest-llmspeed: " + run.fatal
+
+
+class CellRunner:
+    """Runs cells for one test and attaches their figures to the test (JUnit properties)."""
+
+    def __init__(self, request: pytest.FixtureRequest, run: LLMSpeedRun):
+        self.request = request
+        self.run = run
+
+    def _attach(self, record: dict[str, Any]) -> None:
+        from .report.records import properties
+
+        self.request.node.user_properties.extend(properties(record))
+
+    def prefill(self, prefix: WarmPrefix) -> dict[str, Any]:
+        """The prefill cell's record (measured when the prefix was warmed)."""
+        from .report.records import cell_name
+
+        record = self.run.cells[cell_name("prefill", prefix.param)]
+        self._attach(record)
+        return record
+
+    def decode(self, prefix: WarmPrefix, concurrency: int) -> dict[str, Any]:
+        """Run the sustained-decode cell (prefix context, concurrency); fail on errors."""
+        from .client import LLMSpeedError
+        from .report import records as R
+
+        reason = self.run.skip_reason("decode", prefix.param, concurrency)
+        if reason:
+            status = R.TOO_LONG if reason.startswith("exceeds") else R.OVER_CAPACITY
+            self.run.record(R.skipped_record("decode", prefix.param, concurrency, status, reason))
+            pytest.skip(reason)
+        try:
+            result = self.run.decode(prefix.param, prefix.tokens, concurrency)
+        except LLMSpeedError as exc:
+            _stop_if_fatal(self.request, self.run, exc)
+            msg = self.run.redact(str(exc))
+            rec = R.skipped_record("decode", prefix.param, concurrency, R.ERROR, msg)
+            self.run.record(rec)
+            self._attach(rec)
+            pytest.fail(msg, pytrace=False)
+        record = R.decode_record(prefix.param, result)
+        problem = None
+        if result.aborted:
+            record["status"], problem = R.ERROR, result.aborted
+        elif result.error_rate > self.run.settings.max_error_rate:
+            record["status"] = R.FAILED
+            problem = (
+                f"{record['errors']} of {record['requests']} requests failed "
+                f"({result.error_rate:.0%} > --llm-max-error-rate "
+                f"{self.run.settings.max_error_rate:g})"
+            )
+        if problem:
+            summary = "; ".join(f"{n}× {msg}" for msg, n in result.errors.items())
+            record["reason"] = self.run.redact(problem + (f": {summary}" if summary else ""))
+        self.run.record(record)
+        self._attach(record)
+        if problem:
+            if result.aborted:
+                _stop_if_fatal(self.request, self.run, LLMSpeedError(result.aborted))
+            pytest.fail(f"{record['id']}: {record['reason']}", pytrace=False)
+        return record
+
+
+@pytest.fixture
+def llm_cell(request: pytest.FixtureRequest) -> CellRunner:
+    """Runs a cell for this test and attaches its figures to it."""
+    return CellRunner(request, _active_run(request))
+
+
+@pytest.fixture
+def llm_concurrency(request: pytest.FixtureRequest) -> int:
+    """Requests in flight for a decode cell (parametrized by the plugin)."""
+    return int(getattr(request, "param", 1))

@@ -1,0 +1,350 @@
+"""The prefill cell and the sustained-decode cell of docs/metrics.md.
+
+Plain async functions over a :class:`~pytest_llmspeed.client.Connection`; they return result
+dataclasses and never import pytest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from .client import (
+    AuthError,
+    Connection,
+    LLMSpeedError,
+    StreamRecord,
+    account_tokens,
+    stream_request,
+)
+from .probe import MetricsSnapshot, read_metrics, snapshot
+from .prompts import Prompt, PromptFactory
+from .stats import DecodeStats, RequestTrace, decode_stats, prompt_tok_s
+
+VENDOR_FIELDS = ("ignore_eos", "min_tokens")
+
+
+@dataclass
+class Dialect:
+    """What the server accepted: negotiated once per run with a tiny request."""
+
+    api: str = "completions"  # or "chat"
+    vendor_fields: bool = True  # ignore_eos / min_tokens accepted
+    stream_options: bool = True  # include_usage / continuous_usage_stats accepted
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def path(self) -> str:
+        return "/v1/completions" if self.api == "completions" else "/v1/chat/completions"
+
+
+def request_body(model: str, prompt: Prompt, max_tokens: int, dialect: Dialect) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, **prompt.body, "max_tokens": max_tokens, "stream": True}
+    if dialect.vendor_fields:
+        body["ignore_eos"] = True
+        body["min_tokens"] = max_tokens
+    if dialect.stream_options:
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    return body
+
+
+class _BodyCache:
+    """Serialises request bodies, reusing the JSON of a shared prefix (256K ids are slow)."""
+
+    def __init__(self) -> None:
+        self._prefix: dict[tuple[int, int], bytes] = {}
+
+    def encode(self, body: dict[str, Any], context: int, shared: int) -> bytes:
+        ids = body.get("prompt")
+        if not isinstance(ids, list) or shared <= 0:
+            return json.dumps(body).encode()
+        key = (context, shared)
+        head = self._prefix.get(key)
+        if head is None:
+            head = json.dumps(ids[:shared])[:-1].encode()
+            self._prefix[key] = head
+        rest = {k: v for k, v in body.items() if k != "prompt"}
+        tail = json.dumps(ids[shared:])[1:].encode()
+        sep = b", " if ids[shared:] else b""
+        return b'{"prompt": ' + head + sep + tail + b", " + json.dumps(rest)[1:].encode()
+
+
+async def negotiate(conn: Connection, factory: PromptFactory, model: str, api: str) -> Dialect:
+    """Find which optional request fields the server accepts (HTTP 400/422 → drop them)."""
+    dialect = Dialect(api=api)
+    prompt = await factory.prompt(16, -1)
+    for _ in range(3):
+        rec = await stream_request(conn, dialect.path, request_body(model, prompt, 2, dialect))
+        if not rec.error:
+            account_tokens(rec)
+            if not rec.usage_per_chunk and dialect.stream_options:
+                dialect.notes.append("tokens: chunk-count (the server sends no per-chunk usage)")
+            return dialect
+        if rec.status in (400, 422) and dialect.vendor_fields:
+            dialect.vendor_fields = False
+            dialect.notes.append(
+                "server rejected ignore_eos/min_tokens: outputs may end early (flagged per cell)"
+            )
+        elif rec.status in (400, 422) and dialect.stream_options:
+            dialect.stream_options = False
+            dialect.notes.append("server rejected stream_options: tokens: chunk-count (estimate)")
+        else:
+            raise LLMSpeedError(f"a first small {api} request failed: {rec.error}")
+    raise LLMSpeedError(f"a first small {api} request failed: {rec.error}")
+
+
+@dataclass
+class PrefillResult:
+    context: int
+    prompt_tokens: int
+    ttft_ms: float
+    prompt_tok_s: float
+    max_tokens: int
+    error: str | None = None
+
+
+async def run_prefill(
+    conn: Connection,
+    factory: PromptFactory,
+    dialect: Dialect,
+    model: str,
+    context: int,
+    max_tokens: int,
+) -> PrefillResult:
+    """Send the first request at ``context`` on a cold cache; it warms the shared prefix."""
+    prompt = await factory.prompt(context, 0)
+    body = request_body(model, prompt, max_tokens, dialect)
+    rec = await stream_request(conn, dialect.path, body)
+    account_tokens(rec)
+    if rec.error:
+        raise LLMSpeedError(f"prefill request at {context} tokens failed: {rec.error}")
+    if rec.t_first is None:
+        raise LLMSpeedError(f"prefill request at {context} tokens produced no output token")
+    if rec.prompt_tokens is not None and rec.prompt_tokens != context:
+        raise LLMSpeedError(
+            f"the server counted {rec.prompt_tokens} prompt tokens for a prompt built to be "
+            f"{context}; prompt lengths would be wrong"
+        )
+    ttft = rec.t_first - rec.t_send
+    return PrefillResult(
+        context=context,
+        prompt_tokens=context,
+        ttft_ms=ttft * 1e3,
+        prompt_tok_s=prompt_tok_s(context, ttft),
+        max_tokens=max_tokens,
+    )
+
+
+@dataclass
+class DecodeResult:
+    context: int
+    concurrency: int
+    duration_s: float
+    max_output: int
+    stats: DecodeStats
+    token_accounting: str  # "usage" or "chunk-count" (an estimate)
+    early_stops: int  # requests that finished with fewer than max_output tokens
+    errors: dict[str, int]
+    received_tokens: int  # all tokens of all streams, window or not
+    generation_tokens_delta: float | None  # rise of the server's generation counter
+    max_waiting: float | None
+    mean_running: float | None
+    queued: bool  # the server queued requests: effective concurrency below N
+    aborted: str | None = None  # why the cell stopped early
+    records: list[StreamRecord] = field(default_factory=list, repr=False)
+
+    @property
+    def error_rate(self) -> float:
+        return sum(self.errors.values()) / max(self.stats.requests, 1)
+
+
+async def run_decode(
+    conn: Connection,
+    factory: PromptFactory,
+    dialect: Dialect,
+    model: str,
+    context: int,
+    concurrency: int,
+    max_output: int,
+    duration: float,
+    watch_metrics: bool = True,
+    open_timeout: float | None = None,
+) -> DecodeResult:
+    """N streams in flight, restarted at once; a D-second window opened when the first N
+    streams all have their first token; every open stream cancelled at the window's end."""
+    n = concurrency
+    records: list[StreamRecord] = []
+    slots_with_token: set[int] = set()
+    opened = asyncio.Event()
+    stopping = False
+    counter = 0
+    consecutive_fail = 0
+    aborted: str | None = None
+    cache = _BodyCache()
+    shared = context - min(factory.suffix_tokens, max(context - 1, 0))
+    loop = asyncio.get_running_loop()
+
+    window_open_at: list[float] = []
+
+    def first_token(slot: int):
+        def callback(rec: StreamRecord) -> None:
+            if slot not in slots_with_token:
+                slots_with_token.add(slot)
+                if len(slots_with_token) == n and not opened.is_set():
+                    window_open_at.append(rec.t_first or time.perf_counter())
+                    opened.set()
+
+        return callback
+
+    async def worker(slot: int) -> None:
+        nonlocal counter, consecutive_fail, aborted
+        while not stopping:
+            counter += 1
+            index = counter
+            prompt = await factory.prompt(context, index)
+            body = cache.encode(request_body(model, prompt, max_output, dialect), context, shared)
+            rec = StreamRecord()
+            records.append(rec)
+            await stream_request(conn, dialect.path, body, rec, first_token(slot))
+            if rec.error:
+                consecutive_fail += 1
+                if consecutive_fail >= 4 * n + 8:
+                    aborted = f"the server failed {consecutive_fail} requests in a row: {rec.error}"
+                    opened.set()
+                    return
+                await asyncio.sleep(min(0.05 * consecutive_fail / n, 1.0))
+            elif rec.t_first is not None:
+                consecutive_fail = 0
+
+    before = await _metrics(conn) if watch_metrics else None
+    tasks = [loop.create_task(worker(i)) for i in range(n)]
+    samples: list[MetricsSnapshot] = []
+    try:
+        timeout = open_timeout if open_timeout is not None else conn.timeout
+        try:
+            await asyncio.wait_for(opened.wait(), timeout)
+        except TimeoutError:
+            aborted = (
+                f"the window never opened: {len(slots_with_token)} of {n} streams had a first "
+                f"token within {timeout:g} s (--llm-timeout)"
+            )
+        if aborted is None:
+            w0 = window_open_at[0]
+            w1 = w0 + duration
+            while time.perf_counter() < w1 and aborted is None:
+                if watch_metrics and before is not None:
+                    snap = await _metrics(conn)
+                    if snap is not None:
+                        samples.append(snap)
+                await asyncio.sleep(min(1.0, max(w1 - time.perf_counter(), 0)))
+            t_stop = min(time.perf_counter(), w1)
+        else:
+            w0 = w1 = t_stop = time.perf_counter()
+    finally:
+        stopping = True
+        for t in tasks:
+            t.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+    for res in results:
+        if isinstance(res, AuthError):
+            raise res
+    after = await _metrics(conn) if watch_metrics and before is not None else None
+    if aborted is None and t_stop < w1 - 1e-3:
+        aborted = "the window was cut short"
+    return _decode_result(
+        records,
+        context,
+        n,
+        max_output,
+        duration,
+        w0,
+        min(w1, max(t_stop, w0)),
+        before,
+        after,
+        samples,
+        aborted,
+    )
+
+
+async def _metrics(conn: Connection) -> MetricsSnapshot | None:
+    try:
+        samples = await read_metrics(conn)
+    except LLMSpeedError:
+        return None
+    return snapshot(samples) if samples else None
+
+
+def _decode_result(
+    records: list[StreamRecord],
+    context: int,
+    n: int,
+    max_output: int,
+    duration: float,
+    w0: float,
+    w1: float,
+    before: MetricsSnapshot | None,
+    after: MetricsSnapshot | None,
+    samples: list[MetricsSnapshot],
+    aborted: str | None,
+) -> DecodeResult:
+    traces: list[RequestTrace] = []
+    errors: Counter[str] = Counter()
+    early = 0
+    estimated = False
+    received = 0
+    for rec in records:
+        account_tokens(rec)
+        if rec.token_times and not rec.usage_per_chunk:
+            estimated = True
+        if rec.error:
+            errors[_short(rec.error)] += 1
+        done = rec.finished and not rec.cancelled and not rec.error
+        if done and rec.n_tokens < max_output:
+            early += 1
+        received += rec.n_tokens
+        traces.append(
+            RequestTrace(
+                t_send=rec.t_send,
+                t_end=rec.t_end if rec.t_end is not None else w1,
+                token_times=rec.token_times,
+                token_counts=rec.token_counts,
+                finished=done,
+                error=rec.error,
+            )
+        )
+    stats = decode_stats(traces, w0, w1)
+    gen_delta = None
+    if before and after and before.generation_tokens is not None and after.generation_tokens:
+        gen_delta = after.generation_tokens - before.generation_tokens
+    waits = [s.waiting for s in samples if s.waiting is not None]
+    runs = [s.running for s in samples if s.running is not None]
+    max_wait = max(waits) if waits else None
+    mean_run = sum(runs) / len(runs) if runs else None
+    queued = bool(waits) and sum(1 for w in waits if w > 0) >= max(1, len(waits) // 4)
+    if mean_run is not None and mean_run < n - 0.5:
+        queued = True
+    return DecodeResult(
+        context=context,
+        concurrency=n,
+        duration_s=duration,
+        max_output=max_output,
+        stats=stats,
+        token_accounting="chunk-count" if estimated else "usage",
+        early_stops=early,
+        errors=dict(errors),
+        received_tokens=received,
+        generation_tokens_delta=gen_delta,
+        max_waiting=max_wait,
+        mean_running=mean_run,
+        queued=queued,
+        aborted=aborted,
+        records=records,
+    )
+
+
+def _short(error: str) -> str:
+    return error if len(error) <= 160 else error[:157] + "..."

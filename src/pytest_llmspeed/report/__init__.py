@@ -1,0 +1,1 @@
+"""Reporting: cell records, JSON results written cell by cell, the terminal matrix."""

@@ -1,0 +1,184 @@
+"""Per-session state of the pytest layer: the bench, the simulator, the results, the notes.
+
+Lives in ``config.stash``; created at configure time without network, started at session start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import platform
+import sys
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from . import __version__
+from .bench import Bench, BenchConfig
+from .client import AuthError, LLMSpeedError, redact
+from .matrix import MAX, context_label, decode_skip_reason, exceeds_max_model_len
+from .protocol import DecodeResult, PrefillResult
+from .report import records as R
+from .report.results import ResultsFile
+from .settings import Settings
+
+
+def public_url(url: str) -> str:
+    """The endpoint without credentials or query (they may hold secrets)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    if not parts.scheme.startswith("http"):
+        return url.split("?")[0]
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+class LLMSpeedRun:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.bench: Bench | None = None
+        self.base_url: str | None = None
+        self.notes: list[str] = []
+        self.cells: dict[str, dict[str, Any]] = {}
+        self.results: ResultsFile | None = None
+        self._sim: contextlib.ExitStack | None = None
+        self.started = False
+        self.fatal: str | None = None
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the simulator if asked, connect, probe. Raises LLMSpeedError / ValueError."""
+        s = self.settings
+        if s.is_sim:
+            from .sim import parse_sim_spec, running_simulator  # only when asked for
+
+            options = parse_sim_spec(s.endpoint)
+            self._sim = contextlib.ExitStack()
+            self.base_url = self._sim.enter_context(running_simulator(options))
+            self.notes.append(f"built-in simulator: {s.endpoint.split('?')[0]} at {self.base_url}")
+        else:
+            self.base_url = s.endpoint
+        self.bench = Bench(
+            BenchConfig(
+                base_url=self.base_url,
+                api_key=s.api_key,
+                model=s.model,
+                api=s.api,
+                max_output=s.max_output,
+                duration=s.duration,
+                timeout=s.timeout,
+                kv_capacity=s.kv_capacity,
+            )
+        )
+        try:
+            self.bench.start()
+        except BaseException:
+            self.stop()
+            raise
+        assert self.bench.dialect is not None
+        self.notes.extend(self.bench.dialect.notes)
+        if self.bench.server and self.bench.server.kv_capacity is None:
+            self.notes.append("KV capacity unknown: every cell ran (no over-capacity skips)")
+        self.results = ResultsFile(s.results, self.metadata())
+        self.results.write()
+        self.started = True
+
+    def stop(self) -> None:
+        if self.bench is not None:
+            with contextlib.suppress(Exception):
+                self.bench.close()
+            self.bench = None
+        if self._sim is not None:
+            self._sim.close()
+            self._sim = None
+
+    def metadata(self) -> dict[str, Any]:
+        server = self.bench.server if self.bench else None
+        return {
+            "tool": f"pytest-llmspeed {__version__}",
+            "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "endpoint": public_url(self.settings.endpoint),
+            "model": server.model if server else self.settings.model,
+            "engine": server.engine if server else None,
+            "engine_version": server.version if server else None,
+            "max_model_len": server.max_model_len if server else None,
+            "kv_capacity": server.kv_capacity if server else None,
+            "kv_capacity_source": server.kv_capacity_source if server else None,
+            "api": self.bench.dialect.api if self.bench and self.bench.dialect else None,
+            "settings": self.settings.public(),
+            "salt": self.bench.factory.salt if self.bench and self.bench.factory else None,
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "pytest": pytest.__version__,
+        }
+
+    def header(self) -> list[str]:
+        if not self.bench or not self.bench.server:
+            return [f"llmspeed: endpoint {public_url(self.settings.endpoint)} (not probed)"]
+        s = self.settings
+        return [
+            "llmspeed "
+            + self.redact(
+                self.bench.server.describe().replace(
+                    self.bench.server.base_url, public_url(self.bench.server.base_url)
+                )
+            ),
+            f"llmspeed: api {s.api} · max output {s.max_output} · window {s.duration:g} s · "
+            f"contexts {','.join(context_label(c) for c in s.contexts)} · "
+            f"concurrency {','.join(map(str, s.concurrency))}",
+        ]
+
+    def redact(self, text: str) -> str:
+        return redact(text, self.settings.api_key)
+
+    # -- cells -----------------------------------------------------------------------------
+
+    def record(self, rec: dict[str, Any]) -> None:
+        self.cells[rec["id"]] = rec
+        if self.results is not None:
+            self.results.add(rec)
+
+    def skip_reason(self, phase: str, param: int | str, concurrency: int | None) -> str | None:
+        """Why a cell cannot run on this server (known after the probe), else None."""
+        if self.bench is None or self.bench.server is None:
+            return None
+        s = self.settings
+        limits = self.bench.limits
+        tokens = self.bench.resolve(param)
+        if tokens is None:
+            return "context 'max' needs the server's max_model_len, which it does not report"
+        if tokens < 1:
+            return f"context max resolves to {tokens} tokens (max_model_len too small for output)"
+        if phase == "prefill":
+            return exceeds_max_model_len(tokens, 1, limits)
+        assert concurrency is not None
+        return decode_skip_reason(tokens, concurrency, s.max_output, limits)
+
+    def warm(self, param: int | str) -> tuple[int, PrefillResult]:
+        """The prefill cell at ``param``: the cold request that warms the shared prefix."""
+        assert self.bench is not None
+        tokens = self.bench.resolve(param)
+        assert tokens is not None
+        fits = not exceeds_max_model_len(tokens, self.settings.max_output, self.bench.limits)
+        max_tokens = min(self.settings.max_output, 16) if fits else 1
+        first = tokens not in self.bench.prefills
+        result = self.bench.prefill(tokens, max_tokens)
+        if first:
+            self.record(R.prefill_record(param, result))
+        return tokens, result
+
+    def decode(self, param: int | str, tokens: int, concurrency: int) -> DecodeResult:
+        assert self.bench is not None
+        return self.bench.decode(tokens, concurrency)
+
+    def healthy(self) -> bool:
+        return self.bench is not None and self.bench.healthy()
+
+
+__all__ = ["MAX", "AuthError", "LLMSpeedError", "LLMSpeedRun", "public_url"]

@@ -1,0 +1,131 @@
+"""The metric definitions of docs/metrics.md over recorded timestamps.
+
+Every function here takes plain numbers (times from ``time.perf_counter()``, in seconds) and
+returns plain numbers; units are in the names (``_s``, ``_ms``, ``tok_s``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RequestTrace:
+    """One request of a decode cell, as the statistics need it."""
+
+    t_send: float
+    t_end: float  # finished, failed or cancelled
+    token_times: Sequence[float]  # arrival time of each token-carrying chunk
+    token_counts: Sequence[int]  # tokens in each of those chunks
+    finished: bool  # received its last token (completed normally)
+    error: str | None = None
+
+
+@dataclass
+class DecodeStats:
+    """Figures of one sustained-decode window."""
+
+    output_tokens: int
+    total_tok_s: float
+    per_request_tok_s: float | None
+    ttft_ms: float | None
+    ttft_p90_ms: float | None
+    ttft_p99_ms: float | None
+    tbt_ms: float | None
+    tbt_p90_ms: float | None
+    tbt_p99_ms: float | None
+    avg_active: float
+    completed: int
+    measured_s: float
+    requests: int
+    errors: int
+    per_second_tok: list[int] = field(default_factory=list)
+    stability_cv: float | None = None  # coefficient of variation of per-second throughput
+    ttft_samples_ms: list[float] = field(default_factory=list)
+    tbt_samples_ms: list[float] = field(default_factory=list)
+    per_request_samples: list[float] = field(default_factory=list)
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def decode_stats(traces: Sequence[RequestTrace], w0: float, w1: float) -> DecodeStats:
+    """Apply the sustained-decode definitions to the requests of a window [w0, w1)."""
+    measured = max(w1 - w0, 0.0)
+    out_tokens = 0
+    rates: list[float] = []
+    weights: list[int] = []
+    ttfts: list[float] = []
+    tbts: list[float] = []
+    completed = 0
+    active_integral = 0.0
+    errors = 0
+    n_sec = max(int(np.ceil(measured - 1e-9)), 0)
+    per_second = np.zeros(n_sec, dtype=np.int64)
+    for tr in traces:
+        if tr.error:
+            errors += 1
+        times = np.asarray(tr.token_times, dtype=np.float64)
+        counts = np.asarray(tr.token_counts, dtype=np.int64)
+        # active: overlap of [t_send, t_end) with the window
+        active_integral += max(0.0, min(tr.t_end, w1) - max(tr.t_send, w0))
+        if len(times):
+            if times[0] < w1:
+                ttfts.append((times[0] - tr.t_send) * 1e3)
+            total = int(counts.sum())
+            if total >= 2 and times[-1] > times[0]:
+                tbts.append((times[-1] - times[0]) / (total - 1) * 1e3)
+            inside = (times >= w0) & (times < w1)
+            if inside.any():
+                t_in = times[inside]
+                c_in = counts[inside]
+                n_i = int(c_in.sum())
+                out_tokens += n_i
+                if n_sec:
+                    sec = np.minimum((t_in - w0).astype(np.int64), n_sec - 1)
+                    np.add.at(per_second, sec, c_in)
+                if n_i >= 2 and t_in[-1] > t_in[0]:
+                    rates.append((n_i - 1) / (t_in[-1] - t_in[0]))
+                    weights.append(n_i)
+            if tr.finished and w0 <= times[-1] < w1:
+                completed += 1
+    per_request = float(np.average(rates, weights=weights)) if rates else None
+    cv = None
+    if n_sec >= 3:
+        full = per_second[: int(measured)] if int(measured) >= 3 else per_second
+        mean = float(full.mean())
+        cv = float(full.std(ddof=1) / mean) if mean > 0 else None
+    return DecodeStats(
+        output_tokens=out_tokens,
+        total_tok_s=out_tokens / measured if measured > 0 else 0.0,
+        per_request_tok_s=per_request,
+        ttft_ms=_median(ttfts),
+        ttft_p90_ms=_pct(ttfts, 90),
+        ttft_p99_ms=_pct(ttfts, 99),
+        tbt_ms=_median(tbts),
+        tbt_p90_ms=_pct(tbts, 90),
+        tbt_p99_ms=_pct(tbts, 99),
+        avg_active=active_integral / measured if measured > 0 else 0.0,
+        completed=completed,
+        measured_s=measured,
+        requests=len(traces),
+        errors=errors,
+        per_second_tok=[int(x) for x in per_second],
+        stability_cv=cv,
+        ttft_samples_ms=[round(x, 3) for x in ttfts],
+        tbt_samples_ms=[round(x, 4) for x in tbts],
+        per_request_samples=[round(x, 3) for x in rates],
+    )
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return float(np.median(values)) if len(values) else None
+
+
+def prompt_tok_s(prompt_tokens: int, ttft_s: float) -> float:
+    """Prefill throughput: prompt tokens / TTFT."""
+    return prompt_tokens / ttft_s if ttft_s > 0 else float("inf")
