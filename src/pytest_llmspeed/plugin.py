@@ -122,7 +122,7 @@ def pytest_collection_modifyitems(
     if mode == "always" or (mode == "auto" and not items):
         from . import suite
 
-        module = pytest.Module.from_parent(session, path=Path(suite.__file__))
+        module = pytest.Module.from_parent(session, path=Path(suite.__file__), nodeid="llmspeed")
         items.extend(session.genitems(module))
     for item in items:
         callspec = getattr(item, "callspec", None)
