@@ -29,8 +29,14 @@ def test_usage_rise_counts_multi_token_and_empty_text_chunks():
     rec = StreamRecord(
         reads=[
             (1.0, sse(chunk("a", 1), chunk("", 2), done=False)),  # byte-level: empty text, 1 token
-            (2.0, sse(chunk("bcd", 5), chunk("", 5, finish="length"), {"choices": [],
-                      "usage": {"prompt_tokens": 10, "completion_tokens": 5}})),
+            (
+                2.0,
+                sse(
+                    chunk("bcd", 5),
+                    chunk("", 5, finish="length"),
+                    {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5}},
+                ),
+            ),
         ]
     )
     account_tokens(rec)
@@ -42,8 +48,9 @@ def test_usage_rise_counts_multi_token_and_empty_text_chunks():
 
 
 def test_reasoning_deltas_are_output_tokens():
-    rec = StreamRecord(reads=[(0.5, sse(chunk(reasoning="think", ct=1, chat=True),
-                                        chunk("hi", ct=2, chat=True)))])
+    rec = StreamRecord(
+        reads=[(0.5, sse(chunk(reasoning="think", ct=1, chat=True), chunk("hi", ct=2, chat=True)))]
+    )
     account_tokens(rec)
     assert rec.n_tokens == 2 and rec.t_first == 0.5
 
@@ -63,8 +70,9 @@ def test_event_split_across_reads_takes_time_of_completing_read():
 
 
 def test_error_event_midstream():
-    rec = StreamRecord(reads=[(1.0, sse(chunk("a", 1), {"error": {"message": "boom",
-                                                                   "code": 500}}))])
+    rec = StreamRecord(
+        reads=[(1.0, sse(chunk("a", 1), {"error": {"message": "boom", "code": 500}}))]
+    )
     account_tokens(rec)
     assert rec.error == "error event: boom"
     assert rec.n_tokens == 1

@@ -28,15 +28,27 @@ def test_inactive_without_endpoint_imports_nothing_heavy(tmp_path):
 
 def test_markers_registered(pytester):
     result = pytester.runpytest("--markers")
-    result.stdout.fnmatch_lines(["*@pytest.mark.llmspeed*", "*@pytest.mark.prefill*",
-                                 "*@pytest.mark.decode*"])
+    result.stdout.fnmatch_lines(
+        ["*@pytest.mark.llmspeed*", "*@pytest.mark.prefill*", "*@pytest.mark.decode*"]
+    )
 
 
 def test_help_lists_every_option(pytester):
     result = pytester.runpytest("--help")
-    for flag in ("--llm-endpoint", "--llm-model", "--llm-api-key", "--llm-api", "--llm-contexts",
-                 "--llm-prefill-contexts", "--llm-concurrency", "--llm-duration",
-                 "--llm-max-output", "--llm-kv-capacity", "--llm-results", "--llm-timeout"):
+    for flag in (
+        "--llm-endpoint",
+        "--llm-model",
+        "--llm-api-key",
+        "--llm-api",
+        "--llm-contexts",
+        "--llm-prefill-contexts",
+        "--llm-concurrency",
+        "--llm-duration",
+        "--llm-max-output",
+        "--llm-kv-capacity",
+        "--llm-results",
+        "--llm-timeout",
+    ):
         result.stdout.fnmatch_lines([f"*{flag}*"])
 
 
@@ -91,12 +103,19 @@ def test_unreachable_endpoint_stops_at_once(pytester):
 
 def test_collect_only_is_offline(pytester):
     result = pytester.runpytest(
-        "--llm-endpoint=http://127.0.0.1:9", "--collect-only", "-q",
-        "--llm-contexts=8K,max", "--llm-concurrency=1,4",
+        "--llm-endpoint=http://127.0.0.1:9",
+        "--collect-only",
+        "-q",
+        "--llm-contexts=8K,max",
+        "--llm-concurrency=1,4",
     )
     result.stdout.fnmatch_lines(
-        ["llmspeed::test_prefill[[]8K[]]", "llmspeed::test_prefill[[]max[]]",
-         "llmspeed::test_decode[[]8K-c1[]]", "llmspeed::test_decode[[]max-c4[]]"]
+        [
+            "llmspeed::test_prefill[[]8K[]]",
+            "llmspeed::test_prefill[[]max[]]",
+            "llmspeed::test_decode[[]8K-c1[]]",
+            "llmspeed::test_decode[[]max-c4[]]",
+        ]
     )
 
 

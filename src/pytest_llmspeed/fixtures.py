@@ -72,14 +72,13 @@ def llm_prefix(request: pytest.FixtureRequest) -> WarmPrefix:
     Parametrized with the context (``8K``, ``8192`` or ``max``), indirectly.
     """
     from .client import LLMSpeedError, RequestRejected
-    from .matrix import parse_contexts
+    from .matrix import normalize_context
 
     run = _active_run(request)
     param = getattr(request, "param", None)
     if param is None:
         pytest.fail("llm_prefix needs a context: parametrize it (indirect=True)", pytrace=False)
-    if isinstance(param, str):
-        param = parse_contexts(param)[0]
+    param = normalize_context(param)
     reason = run.skip_reason("prefill", param, None)
     if reason:
         pytest.skip(reason)

@@ -56,6 +56,13 @@ def parse_concurrency(text: str) -> list[int]:
     return out
 
 
+def normalize_context(context: int | str) -> int | str:
+    """A context as a test parameter may be given as ``"32K"``: make it ``32768``."""
+    if isinstance(context, str):
+        return parse_contexts(context)[0]
+    return context
+
+
 def _split(text: str) -> list[str]:
     return [part for part in text.replace(" ", "").split(",") if part]
 

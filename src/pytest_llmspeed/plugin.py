@@ -128,7 +128,12 @@ def pytest_collection_modifyitems(
         callspec = getattr(item, "callspec", None)
         if callspec is None or "llm_prefix" not in callspec.params:
             continue
-        param = callspec.params["llm_prefix"]
+        from .matrix import MatrixError, normalize_context
+
+        try:
+            param = normalize_context(callspec.params["llm_prefix"])
+        except MatrixError as exc:
+            raise pytest.UsageError(f"{item.nodeid}: llm_prefix parameter: {exc}") from None
         concurrency = callspec.params.get("llm_concurrency")
         phase = "decode" if "llm_concurrency" in getattr(item, "fixturenames", ()) else "prefill"
         item.stash[CELL_KEY] = (phase, param, concurrency)

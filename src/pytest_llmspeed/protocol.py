@@ -76,7 +76,7 @@ class _BodyCache:
 async def negotiate(conn: Connection, factory: PromptFactory, model: str, api: str) -> Dialect:
     """Find which optional request fields the server accepts (HTTP 400/422 → drop them)."""
     dialect = Dialect(api=api)
-    prompt = await factory.prompt(16, -1)
+    prompt = await factory.prompt(64, -1)
     for _ in range(3):
         rec = await stream_request(conn, dialect.path, request_body(model, prompt, 2, dialect))
         if not rec.error:

@@ -1,0 +1,158 @@
+"""The plugin end to end against the built-in simulator (real HTTP on loopback)."""
+
+import json
+
+import pytest
+from junitparser import JUnitXml
+
+TINY = "sim:tiny?speed=4"
+
+
+def run_matrix(pytester, *args, endpoint=TINY):
+    return pytester.runpytest(
+        f"--llm-endpoint={endpoint}",
+        "--llm-contexts=1K,4K",
+        "--llm-concurrency=1,4",
+        "--llm-duration=1",
+        "--llm-max-output=128",
+        "--llm-results=out.json",
+        "--junitxml=out.xml",
+        *args,
+    )
+
+
+def test_small_matrix_runs_reports_and_writes_results(pytester):
+    result = run_matrix(pytester, "-v")
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(
+        [
+            "llmspeed server: http://127.0.0.1:* · engine * · model tiny · max_model_len *",
+            "llmspeed::test_decode[[]1K-c4[]] PASSED*",
+            "*= llmspeed =*",
+            "Prefill (cold cache, prompt tok/s by context)",
+            "Sustained decode",
+        ]
+    )
+    doc = json.loads((pytester.path / "out.json").read_text())
+    assert doc["schema"] == "pytest-llmspeed/results/v1"
+    assert doc["run"]["model"] == "tiny" and doc["run"]["settings"]["max_output"] == 128
+    cells = {c["id"]: c for c in doc["cells"]}
+    assert set(cells) == {
+        "prefill[1K]",
+        "prefill[4K]",
+        "decode[1K-c1]",
+        "decode[1K-c4]",
+        "decode[4K-c1]",
+        "decode[4K-c4]",
+    }
+    for cid, cell in cells.items():
+        assert cell["status"] == "valid", cid
+        if cell["phase"] == "decode":
+            assert cell["output_tokens"] > 0 and cell["tokens"] == "usage"
+            assert cell["total_tok_s"] == pytest.approx(
+                cell["output_tokens"] / cell["measured_s"], rel=1e-3
+            )
+            assert cell["avg_active"] == pytest.approx(cell["concurrency"], rel=0.1)
+            assert len(cell["samples"]["tbt_ms"]) >= cell["concurrency"]
+        else:
+            assert cell["prompt_tok_s"] > 0 and cell["context_tokens"] in (1024, 4096)
+
+    # JUnit: loads in a JUnit consumer, every case carries its figures
+    xml = JUnitXml.fromfile(str(pytester.path / "out.xml"))
+    cases = [case for suite in xml for case in suite]
+    assert len(cases) == 6 and all(case.is_passed for case in cases)
+    for case in cases:
+        props = {p.get("name"): p.get("value") for p in case._elem.iter("property")}
+        assert props["status"] == "valid"
+        key = "total_tok_s" if "decode" in case.name else "prompt_tok_s"
+        assert float(props[key]) > 0
+
+
+def test_decode_only_still_reports_prefill_from_warmups(pytester):
+    result = run_matrix(pytester, "-m", "decode")
+    result.assert_outcomes(passed=4, deselected=2)
+    doc = json.loads((pytester.path / "out.json").read_text())
+    assert {c["id"] for c in doc["cells"] if c["phase"] == "prefill"} == {
+        "prefill[1K]",
+        "prefill[4K]",
+    }
+
+
+def test_over_capacity_cells_skip_with_the_arithmetic(pytester):
+    result = run_matrix(pytester, "--llm-kv-capacity=9000", "-rs")
+    result.assert_outcomes(passed=5, skipped=1)
+    result.stdout.fnmatch_lines(["*Over capacity: 4 × (4K + 128) = 16,896 > KV capacity 9,000*"])
+    doc = json.loads((pytester.path / "out.json").read_text())
+    over = {c["id"] for c in doc["cells"] if c["status"] == "over capacity"}
+    assert over == {"decode[4K-c4]"}
+    assert doc["run"]["kv_capacity_source"] == "--llm-kv-capacity"
+    result.stdout.fnmatch_lines(["4K * Over capacity*"])
+
+
+def test_max_context_resolves_and_too_long_cells_skip(pytester):
+    result = pytester.runpytest(
+        f"--llm-endpoint={TINY}&max_model_len=4096",
+        "--llm-contexts=4K,max",
+        "--llm-concurrency=1",
+        "--llm-duration=1",
+        "--llm-max-output=512",
+        "--llm-results=out.json",
+        "-rs",
+    )
+    result.assert_outcomes(passed=2, skipped=2)
+    result.stdout.fnmatch_lines(["*exceeds max_model_len: 4K + 512 = 4,608 > max_model_len 4,096*"])
+    doc = json.loads((pytester.path / "out.json").read_text())
+    cells = {c["id"]: c for c in doc["cells"]}
+    assert cells["decode[max-c1]"]["context_tokens"] == 4096 - 512
+    assert cells["decode[4K-c1]"]["status"] == "exceeds max_model_len"
+
+
+def test_own_test_with_the_fixtures(pytester):
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.parametrize("llm_prefix", ["2K"], indirect=True)
+        def test_two_streams(llm_prefix, llm_cell, llm_server):
+            assert llm_server.model == "tiny"
+            record = llm_cell.decode(llm_prefix, 2)
+            assert record["concurrency"] == 2 and record["total_tok_s"] > 0
+        """
+    )
+    result = pytester.runpytest(f"--llm-endpoint={TINY}", "--llm-duration=1", "--llm-max-output=64")
+    result.assert_outcomes(passed=1)
+
+
+def test_chat_api_prompts_are_exact(pytester):
+    result = run_matrix(pytester, "--llm-api=chat")
+    result.assert_outcomes(passed=6)
+    doc = json.loads((pytester.path / "out.json").read_text())
+    assert doc["run"]["api"] == "chat"
+
+
+def test_wrong_api_key_is_one_clear_message(pytester):
+    result = pytester.runpytest(
+        f"--llm-endpoint={TINY}&api_key=right-key", "--llm-api-key=wrong-key"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: pytest-llmspeed: API key rejected by http://127.0.0.1:*"])
+    text = result.stdout.str() + result.stderr.str()
+    assert "wrong-key" not in text and "right-key" not in text
+    assert "Traceback" not in text
+
+
+def test_api_key_is_never_written(pytester, monkeypatch):
+    monkeypatch.setenv("LLMSPEED_API_KEY", "sekret-123")
+    result = run_matrix(
+        pytester, "--llm-concurrency=1", "--llm-contexts=1K", endpoint=f"{TINY}&api_key=sekret-123"
+    )
+    result.assert_outcomes(passed=2)
+    for name in ("out.json", "out.xml"):
+        assert "sekret-123" not in (pytester.path / name).read_text()
+    assert "sekret-123" not in result.stdout.str()
+
+
+def test_bad_sim_spec_is_a_usage_error(pytester):
+    result = pytester.runpytest("--llm-endpoint=sim:nosuchprofile")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: pytest-llmspeed: *nosuchprofile*"])
