@@ -1,4 +1,4 @@
-"""The plugin as users meet it: inactive without an endpoint, and one clear message per bad input."""
+"""The plugin as users meet it: inactive without an endpoint; one clear message per bad input."""
 
 import subprocess
 import sys

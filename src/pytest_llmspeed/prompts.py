@@ -10,6 +10,7 @@ context share a prefix P(C) of C − s tokens and end in a unique suffix of s to
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from dataclasses import dataclass, field
@@ -86,10 +87,25 @@ class PromptError(LLMSpeedError):
 
 @dataclass
 class Prompt:
-    """The request body fields of one prompt and its exact length in tokens."""
+    """One prompt, its exact length in tokens, and a fast JSON encoding of its request.
+
+    Completions prompts keep the shared prefix as ready-made JSON (``[id, id, ...`` without the
+    closing bracket) so that a 256K-token request is not re-encoded for every request.
+    """
 
     body: dict[str, Any]
     tokens: int
+    prefix_json: bytes | None = None
+    suffix: list[int] = field(default_factory=list)
+
+    def encode(self, fields: dict[str, Any]) -> bytes:
+        """The whole request body: the prompt plus ``fields`` (model, max_tokens, ...)."""
+        if self.prefix_json is None:
+            return json.dumps({**self.body, **fields}).encode()
+        ids = self.prefix_json
+        if self.suffix:
+            ids += b", " + json.dumps(self.suffix)[1:-1].encode()
+        return b'{"prompt": ' + ids + b"], " + json.dumps(fields)[1:].encode()
 
 
 @dataclass
@@ -102,6 +118,7 @@ class PromptFactory:
     salt: int = field(default_factory=lambda: int.from_bytes(os.urandom(8), "big"))
     suffix_tokens: int = SUFFIX_TOKENS
     _pool: list[int] = field(default_factory=list)
+    _prefix_ids: dict[int, tuple[list[int], bytes]] = field(default_factory=dict)
     _prefix_text: dict[int, str] = field(default_factory=dict)
 
     async def _tokenize(self, **body: Any) -> list[int]:
@@ -129,11 +146,14 @@ class PromptFactory:
         s = min(self.suffix_tokens, max(context - 1, 0))
         if self.api == "completions":
             pool = await self.id_pool()
-            prefix_rng = self._rng(context)
-            ids = [prefix_rng.choice(pool) for _ in range(context - s)]
+            if context not in self._prefix_ids:
+                prefix_rng = self._rng(context)
+                ids = [prefix_rng.choice(pool) for _ in range(context - s)]
+                self._prefix_ids[context] = (ids, json.dumps(ids)[:-1].encode())
+            ids, encoded = self._prefix_ids[context]
             suffix_rng = self._rng(context, index + 1)
-            ids.extend(suffix_rng.choice(pool) for _ in range(s))
-            return Prompt({"prompt": ids}, context)
+            suffix = [suffix_rng.choice(pool) for _ in range(s)]
+            return Prompt({"prompt": ids + suffix}, context, encoded, suffix)
         text = await self._chat_text(context, index)
         return Prompt({"messages": [{"role": "user", "content": text}]}, context)
 

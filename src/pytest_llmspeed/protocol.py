@@ -7,7 +7,6 @@ dataclasses and never import pytest.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from .client import (
     stream_request,
 )
 from .probe import MetricsSnapshot, read_metrics, snapshot
-from .prompts import Prompt, PromptFactory
+from .prompts import PromptFactory
 from .stats import DecodeStats, RequestTrace, decode_stats, prompt_tok_s
 
 VENDOR_FIELDS = ("ignore_eos", "min_tokens")
@@ -42,8 +41,9 @@ class Dialect:
         return "/v1/completions" if self.api == "completions" else "/v1/chat/completions"
 
 
-def request_body(model: str, prompt: Prompt, max_tokens: int, dialect: Dialect) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": model, **prompt.body, "max_tokens": max_tokens, "stream": True}
+def request_fields(model: str, max_tokens: int, dialect: Dialect) -> dict[str, Any]:
+    """Every field of a streamed request except the prompt."""
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "stream": True}
     if dialect.vendor_fields:
         body["ignore_eos"] = True
         body["min_tokens"] = max_tokens
@@ -52,33 +52,14 @@ def request_body(model: str, prompt: Prompt, max_tokens: int, dialect: Dialect) 
     return body
 
 
-class _BodyCache:
-    """Serialises request bodies, reusing the JSON of a shared prefix (256K ids are slow)."""
-
-    def __init__(self) -> None:
-        self._prefix: dict[tuple[int, int], bytes] = {}
-
-    def encode(self, body: dict[str, Any], context: int, shared: int) -> bytes:
-        ids = body.get("prompt")
-        if not isinstance(ids, list) or shared <= 0:
-            return json.dumps(body).encode()
-        key = (context, shared)
-        head = self._prefix.get(key)
-        if head is None:
-            head = json.dumps(ids[:shared])[:-1].encode()
-            self._prefix[key] = head
-        rest = {k: v for k, v in body.items() if k != "prompt"}
-        tail = json.dumps(ids[shared:])[1:].encode()
-        sep = b", " if ids[shared:] else b""
-        return b'{"prompt": ' + head + sep + tail + b", " + json.dumps(rest)[1:].encode()
-
-
 async def negotiate(conn: Connection, factory: PromptFactory, model: str, api: str) -> Dialect:
     """Find which optional request fields the server accepts (HTTP 400/422 → drop them)."""
     dialect = Dialect(api=api)
     prompt = await factory.prompt(64, -1)
     for _ in range(3):
-        rec = await stream_request(conn, dialect.path, request_body(model, prompt, 2, dialect))
+        rec = await stream_request(
+            conn, dialect.path, prompt.encode(request_fields(model, 2, dialect))
+        )
         if not rec.error:
             account_tokens(rec)
             if not rec.usage_per_chunk and dialect.stream_options:
@@ -117,7 +98,7 @@ async def run_prefill(
 ) -> PrefillResult:
     """Send the first request at ``context`` on a cold cache; it warms the shared prefix."""
     prompt = await factory.prompt(context, 0)
-    body = request_body(model, prompt, max_tokens, dialect)
+    body = prompt.encode(request_fields(model, max_tokens, dialect))
     rec = await stream_request(conn, dialect.path, body)
     account_tokens(rec)
     if rec.error:
@@ -155,6 +136,8 @@ class DecodeResult:
     mean_running: float | None
     queued: bool  # the server queued requests: effective concurrency below N
     aborted: str | None = None  # why the cell stopped early
+    window: tuple[float, float] = (0.0, 0.0)  # perf_counter times the window opened and closed
+    received_chunks: int = 0  # token-carrying chunks of all streams
     records: list[StreamRecord] = field(default_factory=list, repr=False)
 
     @property
@@ -184,8 +167,12 @@ async def run_decode(
     counter = 0
     consecutive_fail = 0
     aborted: str | None = None
-    cache = _BodyCache()
-    shared = context - min(factory.suffix_tokens, max(context - 1, 0))
+    fields = request_fields(model, max_output, dialect)
+    # Build the first requests before any stream starts: request preparation must not delay
+    # the writes of streams already started (their TTFT clock is running). Chat prompts are
+    # sized with /tokenize, so they are all built here and reused in turn.
+    pool_size = 2 * n + 8
+    bodies = [(await factory.prompt(context, i)).encode(fields) for i in range(1, pool_size + 1)]
     loop = asyncio.get_running_loop()
 
     window_open_at: list[float] = []
@@ -204,9 +191,10 @@ async def run_decode(
         nonlocal counter, consecutive_fail, aborted
         while not stopping:
             counter += 1
-            index = counter
-            prompt = await factory.prompt(context, index)
-            body = cache.encode(request_body(model, prompt, max_output, dialect), context, shared)
+            if counter <= pool_size or factory.api != "completions":
+                body = bodies[(counter - 1) % pool_size]
+            else:
+                body = (await factory.prompt(context, counter)).encode(fields)
             rec = StreamRecord()
             records.append(rec)
             await stream_request(conn, dialect.path, body, rec, first_token(slot))
@@ -296,6 +284,7 @@ def _decode_result(
     early = 0
     estimated = False
     received = 0
+    chunks = 0
     for rec in records:
         account_tokens(rec)
         if rec.token_times and not rec.usage_per_chunk:
@@ -306,6 +295,7 @@ def _decode_result(
         if done and rec.n_tokens < max_output:
             early += 1
         received += rec.n_tokens
+        chunks += len(rec.token_counts)
         traces.append(
             RequestTrace(
                 t_send=rec.t_send,
@@ -342,6 +332,8 @@ def _decode_result(
         mean_running=mean_run,
         queued=queued,
         aborted=aborted,
+        window=(w0, w1),
+        received_chunks=chunks,
         records=records,
     )
 

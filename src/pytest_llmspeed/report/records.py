@@ -82,6 +82,7 @@ def decode_record(param: int | str, result: DecodeResult) -> dict[str, Any]:
         "stability_cv": _r(s.stability_cv, 4),
         "per_second_tok": s.per_second_tok,
         "received_tokens": result.received_tokens,
+        "received_chunks": result.received_chunks,
         "generation_tokens_delta": result.generation_tokens_delta,
         "max_output": result.max_output,
         "duration_s": result.duration_s,
