@@ -5,9 +5,6 @@ from the same ``time.perf_counter`` clock.
 """
 
 import json
-import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,20 +18,10 @@ from pytest_llmspeed.sim import SimOptions, running_simulator
 pytestmark = pytest.mark.asyncio
 
 
-@pytest.fixture(scope="module", params=["thread", "process"])
-def reference_sim(request):
-    if request.param == "thread":
-        with running_simulator(SimOptions(profile="h200-qwen3.5-27b-int4", speed=1.0)) as url:
-            yield url
-        return
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest_llmspeed.sim", "--profile", "h200-qwen3.5-27b-int4",
-         "--port", "0"], stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    url = re.search(r"http://[0-9.:]+", line).group(0)
-    yield url
-    proc.terminate()
-    proc.wait(10)
+@pytest.fixture(scope="module")
+def reference_sim():
+    with running_simulator(SimOptions(profile="h200-qwen3.5-27b-int4", speed=1.0)) as url:
+        yield url
 
 
 async def _trace(conn):

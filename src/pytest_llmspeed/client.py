@@ -79,6 +79,20 @@ class Connection:
     async def close(self) -> None:
         await self.session.close()
 
+    async def warm_pool(self, n: int) -> None:
+        """Open ``n`` pooled keep-alive connections, so that starting n streams at once
+        writes n requests at once instead of first opening n TCP connections (which would
+        count in the TTFT of streams already started)."""
+
+        async def one() -> None:
+            try:
+                async with self.session.get(self.url("/v1/models"), headers=self.headers) as r:
+                    await r.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                pass
+
+        await asyncio.gather(*(one() for _ in range(n)))
+
     async def get(self, path: str) -> tuple[int, str]:
         """GET a path; returns (status, body text). Connection problems → ServerUnreachable."""
         try:

@@ -208,6 +208,7 @@ async def run_decode(
             elif rec.t_first is not None:
                 consecutive_fail = 0
 
+    await conn.warm_pool(n)
     before = await _metrics(conn) if watch_metrics else None
     tasks = [loop.create_task(worker(i)) for i in range(n)]
     samples: list[MetricsSnapshot] = []

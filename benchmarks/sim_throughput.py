@@ -1,0 +1,130 @@
+"""How many tokens per second can one simulator process stream? (It must never be the bottleneck.)
+
+Starts ``python -m pytest_llmspeed.sim`` in its own process pinned to one CPU core (``taskset``
+where available), then drives it from this process (pinned to another core) with a minimal
+aiohttp client: N concurrent streaming ``/v1/completions`` requests (token-id prompts,
+``ignore_eos``, ``continuous_usage_stats``), each restarted as soon as it ends, for D seconds.
+Tokens are counted from the rise of ``usage.completion_tokens`` in every chunk. The simulator
+runs at a very high ``--speed`` so that its own CPU, not the simulated GPU, is the limit.
+
+Usage: ``python benchmarks/sim_throughput.py [--streams 128] [--seconds 10] [--speed 1000]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+MARK = b'"completion_tokens":'
+
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _stream_forever(session: aiohttp.ClientSession, url: str, body: dict,
+                          counts: list[int], stop: asyncio.Event, errors: list[str]) -> None:
+    while not stop.is_set():
+        last = 0
+        try:
+            async with session.post(url, json=body) as resp:
+                if resp.status != 200:
+                    errors.append(f"HTTP {resp.status}")
+                    await asyncio.sleep(0.01)
+                    continue
+                tail = b""
+                async for data in resp.content.iter_any():
+                    # the last complete usage figure in what has arrived so far
+                    buf = tail + data
+                    end = buf.rfind(b"}}\n\n")
+                    at = buf.rfind(MARK, 0, end) if end >= 0 else -1
+                    if at >= 0:
+                        now = int(buf[at + len(MARK) : buf.index(b"}", at)])
+                        counts[0] += now - last
+                        last = now
+                    tail = buf[-64:]
+                    if stop.is_set():
+                        break
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            errors.append(repr(exc))
+
+
+async def drive(base: str, streams: int, seconds: float, max_tokens: int) -> tuple[int, float]:
+    body = {"model": "tiny", "prompt": list(range(1000, 1064)), "max_tokens": max_tokens,
+            "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    counts = [0]
+    errors: list[str] = []
+    stop = asyncio.Event()
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        tasks = [asyncio.create_task(_stream_forever(session, base + "/v1/completions", body,
+                                                     counts, stop, errors))
+                 for _ in range(streams)]
+        await asyncio.sleep(1.0)  # warm-up: every stream started
+        start_count, start = counts[0], time.perf_counter()
+        await asyncio.sleep(seconds)
+        tokens, elapsed = counts[0] - start_count, time.perf_counter() - start
+        stop.set()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    if errors:
+        print(f"client errors: {len(errors)} (first: {errors[0]})", file=sys.stderr)
+    return tokens, elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, default=128)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--speed", type=float, default=1000.0)
+    parser.add_argument("--max-tokens", type=int, default=1024)
+    parser.add_argument("--stream-interval", type=int, default=1)
+    args = parser.parse_args()
+
+    pin = shutil.which("taskset") is not None and (os.cpu_count() or 1) >= 2
+    cmd = [sys.executable, "-m", "pytest_llmspeed.sim", "--profile", "tiny", "--port", "0",
+           "--speed", str(args.speed), "--stream-interval", str(args.stream_interval)]
+    if pin:
+        cmd = ["taskset", "-c", "0", *cmd]
+        os.sched_setaffinity(0, {1})
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep
+               + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.search(r"http://\S+", line)
+        if not match:
+            raise SystemExit(f"simulator did not start: {line!r}")
+        base = match.group(0)
+        cpu0 = _cpu_seconds(proc.pid)
+        wall0 = time.perf_counter()
+        tokens, elapsed = asyncio.run(drive(base, args.streams, args.seconds, args.max_tokens))
+        cpu = (_cpu_seconds(proc.pid) - cpu0) / (time.perf_counter() - wall0)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    rate = tokens / elapsed
+    print(f"streams={args.streams} speed={args.speed:g} stream_interval={args.stream_interval} "
+          f"pinned={'yes (server core 0, client core 1)' if pin else 'no'}")
+    print(f"tokens={tokens} in {elapsed:.2f} s -> {rate:,.0f} tokens/s; "
+          f"simulator CPU {cpu * 100:.0f}% of one core "
+          f"(= {rate / max(cpu, 1e-9):,.0f} tokens per simulator CPU-second)")
+
+
+if __name__ == "__main__":
+    main()

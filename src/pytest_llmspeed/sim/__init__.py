@@ -1,0 +1,198 @@
+"""Built-in simulated vLLM server: ``SimOptions``, ``parse_sim_spec``, ``running_simulator``.
+
+Importing this package is light (no aiohttp, no numpy); the server is imported when it starts.
+See ``docs/simulator.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
+
+from .faults import parse_faults
+from .profiles import PROFILES, get_profile
+
+DEFAULT_PROFILE = "tiny"
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """Everything the simulator can be started with (the CLI options, as data)."""
+
+    profile: str = DEFAULT_PROFILE
+    host: str = "127.0.0.1"
+    port: int = 0
+    speed: float = 1.0
+    kv_capacity: int | None = None
+    max_model_len: int | None = None
+    noise: float = 0.0
+    seed: int = 0
+    api_key: str | None = None
+    stream_interval: int = 1
+    faults: str | None = None
+
+    def __post_init__(self) -> None:
+        profile = get_profile(self.profile)
+        if not self.speed > 0:
+            raise ValueError(f"speed must be positive, got {self.speed}")
+        if not 0 <= self.noise < 1:
+            raise ValueError(f"noise must be a fraction in [0, 1), got {self.noise}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be at least 1, got {self.stream_interval}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if self.kv_capacity is not None and self.kv_capacity < profile.block_size:
+            raise ValueError(
+                f"kv_capacity must be at least one block ({profile.block_size} tokens), "
+                f"got {self.kv_capacity}"
+            )
+        if self.effective_kv_capacity < self.effective_max_model_len:
+            raise ValueError(
+                f"kv_capacity {self.effective_kv_capacity} is smaller than max_model_len "
+                f"{self.effective_max_model_len}: one full-length request would never fit; "
+                "lower max_model_len or raise kv_capacity"
+            )
+        parse_faults(self.faults)
+
+    @property
+    def effective_max_model_len(self) -> int:
+        """max_model_len after the profile default."""
+        return self.max_model_len or get_profile(self.profile).max_model_len
+
+    @property
+    def effective_kv_capacity(self) -> int:
+        """KV capacity in tokens after the profile default, rounded down to whole blocks."""
+        profile = get_profile(self.profile)
+        capacity = self.kv_capacity or profile.kv_capacity_tokens
+        return capacity // profile.block_size * profile.block_size
+
+
+_CONVERTERS: dict[str, Any] = {
+    "host": str,
+    "port": int,
+    "speed": float,
+    "kv_capacity": int,
+    "max_model_len": int,
+    "noise": float,
+    "seed": int,
+    "api_key": str,
+    "stream_interval": int,
+    "faults": str,
+}
+
+
+def parse_sim_spec(spec: str) -> SimOptions:
+    """``sim``, ``sim:PROFILE`` or ``sim:PROFILE?speed=10&noise=0.03`` -> :class:`SimOptions`."""
+    text = spec.strip()
+    if text == "sim":
+        return SimOptions()
+    if not text.startswith("sim:"):
+        raise ValueError(
+            f"simulator spec {spec!r} must be 'sim' or 'sim:PROFILE?key=value&...'; "
+            f"profiles: {', '.join(sorted(PROFILES))}"
+        )
+    profile, _, query = text[4:].partition("?")
+    profile = profile or DEFAULT_PROFILE
+    if profile not in PROFILES:
+        raise ValueError(
+            f"unknown simulator profile {profile!r} in {spec!r}; "
+            f"valid profiles: {', '.join(sorted(PROFILES))}"
+        )
+    values: dict[str, Any] = {}
+    valid = ", ".join(_CONVERTERS)
+    for key, raw in parse_qsl(query, keep_blank_values=True):
+        name = key.strip().replace("-", "_")
+        if name not in _CONVERTERS:
+            raise ValueError(
+                f"unknown simulator option {key!r} in {spec!r}; valid options: {valid}"
+            )
+        if name in values:
+            raise ValueError(f"simulator option {key!r} given twice in {spec!r}")
+        try:
+            values[name] = _CONVERTERS[name](raw)
+        except ValueError:
+            kind = "an integer" if _CONVERTERS[name] is int else "a number"
+            raise ValueError(
+                f"bad value {raw!r} for simulator option {key!r} in {spec!r}: expected {kind}"
+            ) from None
+    try:
+        return SimOptions(profile=profile, **values)
+    except ValueError as exc:
+        raise ValueError(f"bad simulator spec {spec!r}: {exc}") from None
+
+
+class _SimThread(threading.Thread):
+    def __init__(self, options: SimOptions) -> None:
+        super().__init__(name="llmspeed-sim", daemon=True)
+        self.options = options
+        self.ready = threading.Event()
+        self.url: str | None = None
+        self.error: BaseException | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stop_event: asyncio.Event | None = None
+
+    def run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        from .server import SimServer
+
+        server = SimServer(self.options)
+        try:
+            url = await server.start()
+        except BaseException as exc:  # reported to the caller's thread
+            self.error = exc
+            await server.stop()
+            self.ready.set()
+            return
+        self.loop = asyncio.get_running_loop()
+        self.stop_event = asyncio.Event()
+        self.url = url
+        self.ready.set()
+        try:
+            await self.stop_event.wait()
+        finally:
+            await server.stop()
+
+    def stop(self) -> None:
+        if self.loop is not None and self.stop_event is not None:
+            self.loop.call_soon_threadsafe(self.stop_event.set)
+
+
+SWITCH_INTERVAL_S = 0.0005
+
+
+@contextmanager
+def running_simulator(options: SimOptions | None = None) -> Iterator[str]:
+    """Run the simulator in its own thread and event loop; yield its base URL.
+
+    While it runs, the interpreter's thread switch interval is lowered from 5 ms to 0.5 ms:
+    the simulator and an in-process client share the GIL, and a 5 ms hand-over would show up
+    in every TTFT the client measures.
+    """
+    thread = _SimThread(options or SimOptions())
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(interval, SWITCH_INTERVAL_S))
+    thread.start()
+    thread.ready.wait()
+    if thread.error is not None:
+        thread.join()
+        raise RuntimeError(f"llmspeed-sim failed to start: {thread.error}") from thread.error
+    try:
+        assert thread.url is not None
+        yield thread.url
+    finally:
+        thread.stop()
+        thread.join(timeout=30)
+        sys.setswitchinterval(interval)
+
+
+__all__ = ["PROFILES", "SimOptions", "parse_sim_spec", "running_simulator"]

@@ -1,0 +1,453 @@
+"""The engine model: continuous batching in steps, chunked prefill, block prefix cache, MTP.
+
+:class:`EngineCore` knows nothing of time sources or HTTP: the caller asks it to ``plan`` a step
+at time ``now``, waits the step's ``duration`` (real seconds in the server, virtual ones in
+``benchmarks/reference_fit.py``) and calls ``complete`` to get each request's new tokens.
+
+Draft acceptance: each request walks a golden-ratio sequence u = frac(u0 + n * 0.618...) from a
+seeded u0, and a step accepts k drafts where u falls below the first k survival probabilities.
+So any few dozen steps of a stream hold the profile's mix of 1..1+k token steps (low variance,
+as real acceptance is over a long answer); ``--noise`` is the knob for randomness.
+
+Admission reserves a request's whole KV footprint (prompt + max_tokens, in blocks, minus prompt
+blocks already cached), so a running request never needs preempting; a request that does not
+fit waits in FIFO order. Full prompt blocks are cached once computed, keyed by their tokens and
+their predecessor's hash; unreferenced cached blocks are evicted least recently used first.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from bisect import bisect_left
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from .profiles import Profile
+
+WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
+GOLDEN = 0.6180339887498949
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+               10.0, 20.0, 40.0, 80.0)
+
+
+class Histogram:
+    """Cumulative-bucket histogram as Prometheus exposes it."""
+
+    def __init__(self, buckets: Sequence[float]) -> None:
+        self.buckets = tuple(buckets)
+        self.counts = [0] * (len(self.buckets) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.buckets, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """(le, cumulative count) pairs, ``+Inf`` last."""
+        out, acc = [], 0
+        for bound, n in zip((*map(repr, self.buckets), "+Inf"), self.counts, strict=True):
+            acc += n
+            out.append((bound, acc))
+        return out
+
+
+@dataclass
+class EngineStats:
+    """Counters and histograms behind ``/metrics``."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
+
+
+class OutputSink(Protocol):
+    """Receives a request's tokens as steps complete (the HTTP stream, or a test harness)."""
+
+    def emit(self, req: SimRequest, n_new: int, finish: str | None, now: float) -> None: ...
+
+
+_ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """One request inside the engine."""
+
+    prompt_ids: Sequence[int]
+    max_tokens: int
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    fault: str | None = None
+    fault_at: int = 0
+    stall_s: float = 0.0
+    sink: OutputSink | None = None
+    tag: Any = None
+    seq: int = field(default_factory=lambda: next(_ids))
+    # state
+    state: str = WAITING
+    arrival: float = 0.0
+    ready_at: float = 0.0
+    block_hashes: list[int] = field(default_factory=list)
+    cached_tokens: int = 0
+    computed: int = 0
+    output: int = 0
+    stop_at: int = 0
+    ref_hashes: list[int] = field(default_factory=list)
+    next_block: int = 0
+    anon_blocks: int = 0
+    paused_until: float = 0.0
+    spec_u: float = 0.0
+    first_token_time: float | None = None
+    last_token_time: float = 0.0
+    finish_reason: str | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    def __lt__(self, other: SimRequest) -> bool:
+        return self.seq < other.seq
+
+
+@dataclass
+class StepPlan:
+    """What one step runs: decoding requests, prefill chunks ``(request, tokens)``, duration."""
+
+    decode: list[SimRequest]
+    prefill: list[tuple[SimRequest, int]]
+    duration: float
+
+
+class BlockPool:
+    """KV blocks: anonymous (owned by one request) or cached (keyed by hash, ref-counted)."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.cached: dict[int, int] = {}
+        self.lru: OrderedDict[int, None] = OrderedDict()
+        self.anon = 0
+
+    @property
+    def free(self) -> int:
+        return self.num_blocks - self.anon - len(self.cached)
+
+    @property
+    def used(self) -> int:
+        return self.anon + len(self.cached) - len(self.lru)
+
+    def hit_blocks(self, hashes: Sequence[int], limit: int) -> int:
+        """Length of the longest cached prefix of ``hashes``, at most ``limit`` blocks."""
+        cached = self.cached
+        n = 0
+        for h in itertools.islice(hashes, limit):
+            if h not in cached:
+                break
+            n += 1
+        return n
+
+    def can_allocate(self, hashes: Sequence[int], hits: int, need: int) -> bool:
+        lru = self.lru
+        reclaim = sum(1 for h in hashes[:hits] if h in lru)
+        return self.free + len(lru) - reclaim >= need
+
+    def allocate(self, hashes: Sequence[int], hits: int, need: int) -> None:
+        cached, lru = self.cached, self.lru
+        for h in hashes[:hits]:
+            rc = cached[h]
+            if rc == 0:
+                del lru[h]
+            cached[h] = rc + 1
+        for _ in range(need - self.free):
+            h, _ = lru.popitem(last=False)
+            del cached[h]
+        self.anon += need
+
+    def register(self, h: int) -> bool:
+        """Turn one anonymous block into cached block ``h``; False if ``h`` is cached already."""
+        if h in self.cached:
+            return False
+        self.cached[h] = 1
+        self.anon -= 1
+        return True
+
+    def release(self, hashes: Sequence[int], anon: int) -> None:
+        """Drop a request's references; tail blocks become the first to be evicted."""
+        cached, lru = self.cached, self.lru
+        for h in reversed(hashes):
+            rc = cached[h] - 1
+            cached[h] = rc
+            if rc == 0:
+                lru[h] = None
+        self.anon -= anon
+
+
+def block_hashes(ids: Sequence[int], block_size: int) -> list[int]:
+    """Hash of every full block, each chained to its predecessor's."""
+    out: list[int] = []
+    h = 0
+    ids_t = tuple(ids)
+    for start in range(0, len(ids_t) - block_size + 1, block_size):
+        h = hash((h, ids_t[start : start + block_size]))
+        out.append(h)
+    return out
+
+
+class EngineCore:
+    """Scheduler + step-time model + KV cache of one simulated vLLM engine."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        kv_capacity: int | None = None,
+        speed: float = 1.0,
+        noise: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        self.profile = p = profile
+        self.block_size = p.block_size
+        capacity = p.kv_capacity_tokens if kv_capacity is None else kv_capacity
+        self.num_blocks = capacity // p.block_size
+        self.kv_capacity = self.num_blocks * p.block_size
+        self.pool = BlockPool(self.num_blocks)
+        self.speed = speed
+        self.noise = noise
+        self.rng = np.random.default_rng([seed, 0])
+        self.noise_rng = np.random.default_rng([seed, 1])
+        survival, acc = [], 1.0
+        for a in p.draft_acceptance[: p.num_speculative_tokens]:
+            acc *= a
+            survival.append(acc)
+        self._survival = tuple(survival)
+        self.decode_cost_tokens = 1 + p.num_speculative_tokens
+        self.pending: list[tuple[float, int, SimRequest]] = []
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.stats = EngineStats()
+
+    # -- requests -------------------------------------------------------------------------
+
+    def add(self, req: SimRequest, now: float) -> None:
+        """Accept a request at ``now``; it reaches the scheduler after the front-end delay."""
+        p = self.profile
+        req.arrival = now
+        delay = (p.frontend_base_s + p.frontend_per_prompt_token_s * req.prompt_len) / self.speed
+        req.ready_at = now + delay
+        req.block_hashes = block_hashes(req.prompt_ids, self.block_size)
+        if req.ignore_eos or p.eos_probability <= 0:
+            req.stop_at = req.max_tokens + 1
+        else:
+            req.stop_at = req.min_tokens + int(self.rng.geometric(p.eos_probability))
+        req.spec_u = float(self.rng.random())
+        req.state = WAITING
+        heapq.heappush(self.pending, (req.ready_at, req.seq, req))
+
+    def abort(self, req: SimRequest) -> None:
+        """Remove a request wherever it is (client gone); frees its blocks."""
+        if req.state == FINISHED:
+            return
+        if req.state == RUNNING:
+            self.running.remove(req)
+            self.pool.release(req.ref_hashes, req.anon_blocks)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        req.state = FINISHED
+        req.finish_reason = req.finish_reason or "abort"
+        self.stats.finished["abort"] = self.stats.finished.get("abort", 0) + 1
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.pool.used / self.num_blocks if self.num_blocks else 0.0
+
+    # -- scheduling -----------------------------------------------------------------------
+
+    def _promote(self, now: float) -> None:
+        pending = self.pending
+        while pending and pending[0][0] <= now:
+            req = heapq.heappop(pending)[2]
+            if req.state == WAITING:
+                self.waiting.append(req)
+
+    def _blocks_for(self, req: SimRequest) -> tuple[int, int]:
+        bs = self.block_size
+        hits = self.pool.hit_blocks(req.block_hashes, (req.prompt_len - 1) // bs)
+        total = -(-(req.prompt_len + req.max_tokens) // bs)
+        return hits, total - hits
+
+    def _fits(self, req: SimRequest) -> bool:
+        if len(self.running) >= self.profile.max_num_seqs:
+            return False
+        hits, need = self._blocks_for(req)
+        return self.pool.can_allocate(req.block_hashes, hits, need)
+
+    def next_event(self, now: float) -> float | None:
+        """Earliest time a step could do work: ``now``, a later time, or None (idle)."""
+        self._promote(now)
+        later: list[float] = []
+        for req in self.running:
+            if req.paused_until <= now:
+                return now
+            later.append(req.paused_until)
+        if self.waiting and self._fits(self.waiting[0]):
+            return now
+        while self.pending and self.pending[0][2].state != WAITING:
+            heapq.heappop(self.pending)
+        if self.pending:
+            later.append(self.pending[0][0])
+        return min(later) if later else None
+
+    def plan(self, now: float) -> StepPlan | None:
+        """Pick the next step's batch (FCFS, chunked prefill under the token budget)."""
+        self._promote(now)
+        p = self.profile
+        budget = p.max_num_batched_tokens
+        decode: list[SimRequest] = []
+        prefill: list[tuple[SimRequest, int]] = []
+        cost = self.decode_cost_tokens
+        for req in self.running:
+            if req.paused_until > now or budget <= 0:
+                continue
+            remaining = req.prompt_len - req.computed
+            if remaining > 0:
+                n = min(remaining, budget)
+                prefill.append((req, n))
+                budget -= n
+            elif budget >= cost:
+                decode.append(req)
+                budget -= cost
+        while self.waiting and budget > 0 and len(self.running) < p.max_num_seqs:
+            req = self.waiting[0]
+            hits, need = self._blocks_for(req)
+            if not self.pool.can_allocate(req.block_hashes, hits, need):
+                break
+            self.waiting.popleft()
+            self.pool.allocate(req.block_hashes, hits, need)
+            bs = self.block_size
+            req.ref_hashes = list(req.block_hashes[:hits])
+            req.next_block = hits
+            req.anon_blocks = need
+            req.cached_tokens = req.computed = hits * bs
+            self.stats.prefix_queries += req.prompt_len
+            self.stats.prefix_hits += hits * bs
+            req.state = RUNNING
+            self.running.append(req)
+            n = min(req.prompt_len - req.computed, budget)
+            prefill.append((req, n))
+            budget -= n
+        if not decode and not prefill:
+            return None
+        return StepPlan(decode, prefill, self.step_time(decode, prefill))
+
+    def step_time(self, decode: Sequence[SimRequest], prefill: Sequence[tuple[SimRequest, int]]
+                  ) -> float:
+        """Seconds one step takes, after ``--speed`` and ``--noise``."""
+        p = self.profile
+        n = len(decode)
+        ctx = sum(r.prompt_len + r.output for r in decode)
+        t = (p.step_base_s + p.decode_per_seq_s * n + p.decode_per_seq_sq_s * n * n
+             + p.decode_per_context_token_s * ctx)
+        for req, q in prefill:
+            t += p.prefill_per_token_s * q + p.prefill_attention_s * q * (req.computed + q / 2)
+        if self.noise > 0:
+            t *= math.exp(self.noise * float(self.noise_rng.standard_normal())
+                          - self.noise * self.noise / 2)
+        return t / self.speed
+
+    # -- completing a step ----------------------------------------------------------------
+
+    def complete(self, plan: StepPlan, now: float) -> list[tuple[SimRequest, int, str | None]]:
+        """Apply a finished step at ``now``: new tokens per request, finished requests freed."""
+        outputs: list[tuple[SimRequest, int, str | None]] = []
+        stats = self.stats
+        bs = self.block_size
+        pool = self.pool
+        for req, q in plan.prefill:
+            if req.state != RUNNING:
+                continue
+            req.computed += q
+            hashes = req.block_hashes
+            while req.next_block < len(hashes) and (req.next_block + 1) * bs <= req.computed:
+                h = hashes[req.next_block]
+                if pool.register(h):
+                    req.ref_hashes.append(h)
+                    req.anon_blocks -= 1
+                req.next_block += 1
+            if req.computed >= req.prompt_len:
+                stats.prompt_tokens += req.prompt_len
+                stats.ttft.observe(now - req.arrival)
+                req.first_token_time = now
+                outputs.append(self._advance(req, 1, now))
+        decode = [r for r in plan.decode if r.state == RUNNING]
+        if decode:
+            survival = self._survival
+            stats.spec_drafts += len(decode)
+            stats.spec_draft_tokens += len(decode) * len(survival)
+            itl = stats.itl
+            for req in decode:
+                u = req.spec_u = (req.spec_u + GOLDEN) % 1.0
+                k = 0
+                for s in survival:
+                    if u >= s:
+                        break
+                    k += 1
+                itl.observe(now - req.last_token_time)
+                out = self._advance(req, 1 + k, now)
+                stats.spec_accepted += out[1] - 1
+                outputs.append(out)
+        return outputs
+
+    def _advance(self, req: SimRequest, n: int, now: float) -> tuple[SimRequest, int, str | None]:
+        limit = min(req.max_tokens, req.stop_at)
+        if req.fault is not None:
+            limit = min(limit, req.fault_at)
+        n = max(0, min(n, limit - req.output))
+        req.output += n
+        req.last_token_time = now
+        self.stats.generation_tokens += n
+        finish: str | None = None
+        if req.output >= req.stop_at:
+            finish = "stop"
+        elif req.output >= req.max_tokens:
+            finish = "length"
+        elif req.fault is not None and req.output >= req.fault_at:
+            if req.fault == "stall":
+                req.paused_until = now + req.stall_s / self.speed
+                req.fault = None
+            else:
+                finish = req.fault
+        if finish is not None:
+            self._finish(req, finish)
+        return req, n, finish
+
+    def _finish(self, req: SimRequest, reason: str) -> None:
+        self.running.remove(req)
+        self.pool.release(req.ref_hashes, req.anon_blocks)
+        req.state = FINISHED
+        req.finish_reason = reason
+        self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
