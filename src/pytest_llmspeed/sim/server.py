@@ -402,7 +402,9 @@ class SimServer:
                 self._wake.set()
 
     def _submit(self, stream: Stream) -> None:
-        self.core.add(stream.req, perf_counter())
+        # The front-end delay is counted from the HTTP arrival: the real time spent parsing and
+        # validating the request is part of it, not added to it.
+        self.core.add(stream.req, stream.arrival)
         assert self._wake is not None
         self._wake.set()
 

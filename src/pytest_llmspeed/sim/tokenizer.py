@@ -185,7 +185,7 @@ class Tokenizer:
         if not ids:
             return None
         size = self.vocab_size
-        if 0 <= min(ids) and max(ids) < size:  # C-speed check of the common case
+        if min(ids) >= 0 and max(ids) < size:  # C-speed check of the common case
             return None
         for i in ids:
             if not 0 <= i < size:
