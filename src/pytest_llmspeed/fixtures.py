@@ -95,8 +95,14 @@ def llm_prefix(request: pytest.FixtureRequest) -> WarmPrefix:
 def _stop_if_fatal(request: pytest.FixtureRequest, run: LLMSpeedRun, exc: Exception) -> None:
     from .client import AuthError
 
-    if isinstance(exc, AuthError) or not run.healthy():
+    if isinstance(exc, AuthError):
         run.fatal = run.redact(f"stopped: {exc}")
+    elif not run.healthy():
+        run.fatal = run.redact(
+            f"stopped: the server at {run.base_url} stopped answering ({exc}). "
+            "Results measured so far are kept."
+        )
+    if run.fatal:
         request.session.shouldstop = "pytest-llmspeed: " + run.fatal
 
 
@@ -156,8 +162,7 @@ class CellRunner:
         self.run.record(record)
         self._attach(record)
         if problem:
-            if result.aborted:
-                _stop_if_fatal(self.request, self.run, LLMSpeedError(result.aborted))
+            _stop_if_fatal(self.request, self.run, LLMSpeedError(result.aborted or problem))
             pytest.fail(f"{record['id']}: {record['reason']}", pytrace=False)
         return record
 

@@ -1,0 +1,93 @@
+"""What goes wrong on the server side reaches the user as one clear message, never a traceback."""
+
+import json
+import re
+import subprocess
+import sys
+import threading
+
+import pytest
+
+
+def test_errors_mid_stream_fail_the_cell_with_a_summary(pytester):
+    result = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=4&faults=midstream=0.5",
+        "--llm-contexts=1K",
+        "--llm-concurrency=4",
+        "--llm-duration=1",
+        "--llm-max-output=256",
+        "--llm-results=out.json",
+        "-m",
+        "decode",
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*decode[[]1K-c4[]]: * of * requests failed (*% > --llm-max-error-rate 0.05): "
+            "*× error event*"
+        ]
+    )
+    text = result.stdout.str()
+    assert "Traceback" not in text and "def test_decode" not in text
+    cell = json.loads((pytester.path / "out.json").read_text())["cells"][-1]
+    assert cell["status"] == "failed" and cell["errors"] > 0
+    assert cell["output_tokens"] > 0  # what was measured is kept
+
+
+def test_error_rate_threshold_is_an_option(pytester):
+    result = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=4&faults=start500=0.1",
+        "--llm-contexts=1K",
+        "--llm-concurrency=4",
+        "--llm-duration=1",
+        "--llm-max-output=64",
+        "--llm-max-error-rate=1",
+        "-m",
+        "decode",
+    )
+    result.assert_outcomes(passed=1)
+
+
+@pytest.fixture
+def sim_process():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest_llmspeed.sim", "--profile", "tiny", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    url = re.search(r"http://[0-9.:]+", proc.stdout.readline()).group(0)
+    yield proc, url
+    proc.kill()
+    proc.wait(10)
+
+
+def test_server_dying_mid_run_stops_cleanly_and_keeps_results(pytester, sim_process):
+    proc, url = sim_process
+    timer = threading.Timer(5.0, proc.kill)
+    timer.start()
+    try:
+        result = pytester.runpytest(
+            f"--llm-endpoint={url}",
+            "--llm-contexts=1K,2K,4K",
+            "--llm-concurrency=1,2",
+            "--llm-duration=2",
+            "--llm-max-output=256",
+            "--llm-timeout=5",
+            "--llm-results=out.json",
+            "-m",
+            "decode",
+        )
+    finally:
+        timer.cancel()
+    text = result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in text
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(
+        ["! Interrupted: pytest-llmspeed: stopped: the server at * stopped answering*"]
+    )
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) >= 1
+    assert outcomes.get("failed", 0) + outcomes.get("errors", 0) == 1
+    cells = json.loads((pytester.path / "out.json").read_text())["cells"]
+    assert sum(1 for c in cells if c["status"] == "valid" and c["phase"] == "decode") >= 1
+    assert result.duration < 60
