@@ -49,7 +49,7 @@ def test_small_matrix_on_real_vllm(pytester, vllm_server):
     for cell in decode:
         assert cell["tokens"] == "usage", cell["id"]
         # every token the server generated in the cell reached us, and no more
-        assert cell["received_tokens"] == pytest.approx(
+        assert cell["received_at_close"] == pytest.approx(
             cell["generation_tokens_delta"], rel=0.02
         ), cell["id"]
         assert cell["output_tokens"] > 0
@@ -65,7 +65,7 @@ def test_multi_token_chunks_are_counted_exactly(pytester, vllm_server):
     for cell in doc["cells"]:
         if cell["phase"] != "decode":
             continue
-        assert cell["received_tokens"] == pytest.approx(
+        assert cell["received_at_close"] == pytest.approx(
             cell["generation_tokens_delta"], rel=0.02
         )
         # up to 4 tokens a chunk: the accounting saw multi-token chunks

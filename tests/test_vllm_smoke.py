@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -125,3 +126,17 @@ def test_stream_interval_gives_multi_token_chunks(vllm_server: ServerFactory) ->
     steps = [b - a for a, b in zip([0, *completion], completion, strict=False)]
     assert max(steps) > 1, steps
     assert max(steps) <= 4, steps
+
+
+def test_api_key_is_required(vllm_server: ServerFactory) -> None:
+    # Same key as tests/test_vllm_plugin.py, so one session starts this server once.
+    server = vllm_server(api_key="the-real-key")
+    assert server.api_key == "the-real-key"
+    with pytest.raises(urllib.error.HTTPError) as err:
+        get_json(f"{server.url}/v1/models")
+    assert err.value.code == 401
+    req = urllib.request.Request(
+        f"{server.url}/v1/models", headers={"Authorization": "Bearer the-real-key"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert json.loads(resp.read())["data"][0]["max_model_len"] == server.max_model_len

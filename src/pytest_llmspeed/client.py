@@ -88,7 +88,7 @@ class Connection:
             try:
                 async with self.session.get(self.url("/v1/models"), headers=self.headers) as r:
                     await r.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            except (TimeoutError, aiohttp.ClientError, OSError):
                 pass
 
         await asyncio.gather(*(one() for _ in range(n)))

@@ -131,13 +131,16 @@ class DecodeResult:
     early_stops: int  # requests that finished with fewer than max_output tokens
     errors: dict[str, int]
     received_tokens: int  # all tokens of all streams, window or not
-    generation_tokens_delta: float | None  # rise of the server's generation counter
+    generation_tokens_delta: float | None  # rise of the server's generation counter to w1
     max_waiting: float | None
     mean_running: float | None
     queued: bool  # the server queued requests: effective concurrency below N
     aborted: str | None = None  # why the cell stopped early
     window: tuple[float, float] = (0.0, 0.0)  # perf_counter times the window opened and closed
     received_chunks: int = 0  # token-carrying chunks of all streams
+    # tokens received up to the server's closing /metrics snapshot, which the rise of its
+    # generation counter (generation_tokens_delta) should match
+    received_at_close: int | None = None
     records: list[StreamRecord] = field(default_factory=list, repr=False)
 
     @property
@@ -208,8 +211,14 @@ async def run_decode(
             elif rec.t_first is not None:
                 consecutive_fail = 0
 
+    if watch_metrics:
+        # Requests the previous cell cancelled may still run on the server (an engine notices a
+        # closed stream late): start when it is idle, so they neither slow nor count in this cell.
+        await _wait_idle(conn, min(conn.timeout, 30.0))
     await conn.warm_pool(n)
     before = await _metrics(conn) if watch_metrics else None
+    close_snap: MetricsSnapshot | None = None
+    t_close = 0.0
     tasks = [loop.create_task(worker(i)) for i in range(n)]
     samples: list[MetricsSnapshot] = []
     try:
@@ -231,6 +240,12 @@ async def run_decode(
                         samples.append(snap)
                 await asyncio.sleep(min(1.0, max(w1 - time.perf_counter(), 0)))
             t_stop = min(time.perf_counter(), w1)
+            if before is not None and aborted is None:
+                # the server's own count of generated tokens at the window's end, before the
+                # streams are cancelled (a cross-check of our accounting)
+                t_a = time.perf_counter()
+                close_snap = await _metrics(conn)
+                t_close = (t_a + time.perf_counter()) / 2
         else:
             w0 = w1 = t_stop = time.perf_counter()
     finally:
@@ -241,7 +256,6 @@ async def run_decode(
     for res in results:
         if isinstance(res, AuthError):
             raise res
-    after = await _metrics(conn) if watch_metrics and before is not None else None
     if aborted is None and t_stop < w1 - 1e-3:
         aborted = "the window was cut short"
     return _decode_result(
@@ -253,10 +267,24 @@ async def run_decode(
         w0,
         min(w1, max(t_stop, w0)),
         before,
-        after,
+        close_snap,
+        t_close,
         samples,
         aborted,
     )
+
+
+async def _wait_idle(conn: Connection, timeout: float) -> bool:
+    """Poll /metrics until no request runs or waits (bounded); False if it never got idle."""
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        snap = await _metrics(conn)
+        if snap is None or snap.running is None:
+            return True
+        if not snap.running and not snap.waiting:
+            return True
+        await asyncio.sleep(0.1)
+    return False
 
 
 async def _metrics(conn: Connection) -> MetricsSnapshot | None:
@@ -277,6 +305,7 @@ def _decode_result(
     w1: float,
     before: MetricsSnapshot | None,
     after: MetricsSnapshot | None,
+    t_after: float,
     samples: list[MetricsSnapshot],
     aborted: str | None,
 ) -> DecodeResult:
@@ -285,6 +314,7 @@ def _decode_result(
     early = 0
     estimated = False
     received = 0
+    received_at_close = 0
     chunks = 0
     for rec in records:
         account_tokens(rec)
@@ -296,6 +326,9 @@ def _decode_result(
         if done and rec.n_tokens < max_output:
             early += 1
         received += rec.n_tokens
+        received_at_close += sum(
+            c for t, c in zip(rec.token_times, rec.token_counts, strict=True) if t <= t_after
+        )
         chunks += len(rec.token_counts)
         traces.append(
             RequestTrace(
@@ -335,6 +368,7 @@ def _decode_result(
         aborted=aborted,
         window=(w0, w1),
         received_chunks=chunks,
+        received_at_close=received_at_close if after is not None else None,
         records=records,
     )
 

@@ -83,6 +83,7 @@ def decode_record(param: int | str, result: DecodeResult) -> dict[str, Any]:
         "per_second_tok": s.per_second_tok,
         "received_tokens": result.received_tokens,
         "received_chunks": result.received_chunks,
+        "received_at_close": result.received_at_close,
         "generation_tokens_delta": result.generation_tokens_delta,
         "max_output": result.max_output,
         "duration_s": result.duration_s,
