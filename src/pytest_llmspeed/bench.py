@@ -90,6 +90,16 @@ class Bench:
             )
         return self.prefills[context]
 
+    def prefill_again(self, context: int, max_tokens: int) -> PrefillResult:
+        """Measure the prefill cell once more, on a new cold prefix (a fresh salt)."""
+        assert self.conn and self.factory and self.dialect and self.server
+        factory = PromptFactory(
+            self.conn, self.server.model, api=self.factory.api, _pool=self.factory._pool
+        )
+        return self.run(
+            run_prefill(self.conn, factory, self.dialect, self.server.model, context, max_tokens)
+        )
+
     def decode(self, context: int, concurrency: int) -> DecodeResult:
         assert self.conn and self.factory and self.dialect and self.server
         cfg = self.config

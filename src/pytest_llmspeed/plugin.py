@@ -36,6 +36,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if settings.endpoint_of(config) is None:
         return
     conf = settings.load(config)
+    from .baseline import BaselineError
+
     if getattr(config.option, "numprocesses", None) or getattr(config.option, "dist", "no") != "no":
         raise pytest.UsageError(
             "pytest-llmspeed measures one cell at a time: two cells at once on one server give "
@@ -43,7 +45,10 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     from .run import LLMSpeedRun
 
-    config.stash[RUN_KEY] = LLMSpeedRun(conf)
+    try:
+        config.stash[RUN_KEY] = LLMSpeedRun(conf)
+    except BaselineError as exc:
+        raise pytest.UsageError(f"--llm-baseline: {exc}") from None
 
 
 def _run(config: pytest.Config) -> LLMSpeedRun | None:
@@ -65,7 +70,30 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     run = _run(session.config)
     if run is not None:
+        saved = run.save_baseline()
+        if saved:
+            run.notes.append(saved)
         run.stop()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
+    """The server under test is the machine of an LLM speed test."""
+    run = _run(config)
+    if run is not None and run.started:
+        meta = run.metadata()
+        machine_info["llm_server"] = {
+            k: meta[k]
+            for k in (
+                "endpoint",
+                "model",
+                "engine",
+                "engine_version",
+                "max_model_len",
+                "kv_capacity",
+                "kv_capacity_source",
+            )
+        }
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -176,6 +204,37 @@ def _record_skip(
     item.user_properties.extend(R.properties(rec))
 
 
+def baseline_lines(run: LLMSpeedRun) -> list[str]:
+    """The gate's summary: regressions, improvements, cells not measured or without floor."""
+    if run.baseline is None:
+        return []
+    from .report import records as R
+
+    measured = {cid for cid, c in run.cells.items() if c["status"] in (R.VALID, R.FAILED)}
+    not_measured = [
+        f"{cid} ({run.cells[cid]['status']})" if cid in run.cells else cid
+        for cid in run.baseline.cells
+        if cid not in measured
+    ]
+    lines = [
+        "",
+        f"Baseline {run.baseline.path}: {len(run.regressions)} regression(s), "
+        f"{len(run.improvements)} improvement(s) beyond tolerance",
+    ]
+    lines += [f"  REGRESSION  {c.message()}" for c in run.regressions]
+    for c in run.improvements:
+        delta = f"{c.value / c.reference - 1:+.1%}".replace("-", "−")
+        lines.append(
+            f"  improvement {c.cell} {c.metric} {c.value:,.1f} vs baseline {c.reference:,.1f}: "
+            f"{delta}"
+        )
+    if not_measured:
+        lines.append("  not measured: " + ", ".join(not_measured))
+    if run.no_floor:
+        lines.append("  no floor (not in the baseline): " + ", ".join(run.no_floor))
+    return lines
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     run = _run(config)
     if run is None or not run.cells:
@@ -188,5 +247,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     cells = list(run.cells.values())
     for line in render(cells, width, verbose, run.notes):
         terminalreporter.write_line(run.redact(line))
+    for line in baseline_lines(run):
+        terminalreporter.write_line(line)
     if run.settings.results:
         terminalreporter.write_line(f"results: {run.settings.results}")

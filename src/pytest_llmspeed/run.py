@@ -15,6 +15,9 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from . import __version__
+from .baseline import Baseline, Check, mismatches
+from .baseline import dump as dump_baseline
+from .baseline import load as load_baseline
 from .bench import Bench, BenchConfig
 from .client import AuthError, LLMSpeedError, redact
 from .matrix import MAX, context_label, decode_skip_reason, exceeds_max_model_len
@@ -49,6 +52,12 @@ class LLMSpeedRun:
         self._sim: contextlib.ExitStack | None = None
         self.started = False
         self.fatal: str | None = None
+        self.baseline: Baseline | None = None
+        if settings.baseline:
+            self.baseline = load_baseline(settings.baseline)  # BaselineError: bad file
+        self.regressions: list[Check] = []
+        self.improvements: list[Check] = []
+        self.no_floor: list[str] = []
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -88,6 +97,40 @@ class LLMSpeedRun:
         self.results = ResultsFile(s.results, self.metadata())
         self.results.write()
         self.started = True
+        if self.baseline is not None:
+            diff = mismatches(self.baseline, self.comparable())
+            if diff:
+                what = f"baseline {self.baseline.path} was taken with other settings: " + "; ".join(
+                    diff
+                )
+                if s.baseline_strict:
+                    self.stop()
+                    raise LLMSpeedError(what + " (--llm-baseline-strict)")
+                self.notes.append("warning: " + what)
+
+    def comparable(self) -> dict[str, Any]:
+        """The run settings a baseline must share to be compared with this run."""
+        server = self.bench.server if self.bench else None
+        return {
+            "model": server.model if server else self.settings.model,
+            "api": self.settings.api,
+            "max_output": self.settings.max_output,
+            "duration_s": self.settings.duration,
+        }
+
+    def save_baseline(self) -> str | None:
+        if not self.settings.save_baseline or not self.cells:
+            return None
+        server = self.bench.server if self.bench else None
+        run = {
+            **self.comparable(),
+            "engine": server.engine if server else None,
+            "engine_version": server.version if server else None,
+            "server": public_url(self.settings.endpoint),
+            "kv_capacity": server.kv_capacity if server else None,
+        }
+        n = dump_baseline(self.settings.save_baseline, run, list(self.cells.values()))
+        return f"baseline: {n} cells written to {self.settings.save_baseline}"
 
     def stop(self) -> None:
         if self.bench is not None:

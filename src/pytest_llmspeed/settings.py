@@ -27,6 +27,7 @@ class Option:
     default: str | None = None
     env: tuple[str, ...] = ()
     choices: tuple[str, ...] = ()
+    switch: bool = False  # a switch: --llm-x on the command line, true/false in the ini file
 
     @property
     def flag(self) -> str:
@@ -88,6 +89,23 @@ OPTIONS: tuple[Option, ...] = (
         default="0.05",
     ),
     Option(
+        "baseline",
+        "gate every measured cell on the floors and ceilings of this baseline file (TOML)",
+    ),
+    Option("save-baseline", "write this run's cells as a baseline file (TOML) at the end"),
+    Option(
+        "baseline-strict",
+        "a baseline taken with other settings or another model is an error, not a warning",
+        default="false",
+        switch=True,
+    ),
+    Option(
+        "confirm",
+        "re-measure a cell that misses its baseline this many more times; it fails only if "
+        "every measurement misses",
+        default="1",
+    ),
+    Option(
         "builtin-suite",
         "run the built-in matrix: auto (when no test was collected), always, or never",
         default="auto",
@@ -111,6 +129,10 @@ class Settings:
     results: str | None = None
     timeout: float = 120.0
     max_error_rate: float = 0.05
+    baseline: str | None = None
+    save_baseline: str | None = None
+    baseline_strict: bool = False
+    confirm: int = 1
     builtin_suite: str = "auto"
 
     @property
@@ -129,6 +151,8 @@ class Settings:
             "kv_capacity_option": self.kv_capacity,
             "timeout_s": self.timeout,
             "max_error_rate": self.max_error_rate,
+            "baseline": self.baseline,
+            "confirm": self.confirm,
             "api_key": "<redacted>" if self.api_key else None,
         }
 
@@ -138,7 +162,17 @@ def add_options(parser: pytest.Parser) -> None:
     for opt in OPTIONS:
         extra = f" [env: {', '.join(opt.env)}]" if opt.env else ""
         default = f" (default: {opt.default})" if opt.default else ""
-        group.addoption(opt.flag, dest=opt.dest, default=None, help=opt.help + default + extra)
+        if opt.switch:
+            group.addoption(
+                opt.flag,
+                dest=opt.dest,
+                action="store_const",
+                const="true",
+                default=None,
+                help=opt.help + extra,
+            )
+        else:
+            group.addoption(opt.flag, dest=opt.dest, default=None, help=opt.help + default + extra)
         parser.addini(opt.ini, help=opt.help + default, default=None)
 
 
@@ -214,6 +248,14 @@ def _convert(key: str, value: str) -> Any:
     if key in ("max_output", "kv_capacity"):
         if not value.strip().isdigit() or int(value) < 1:
             raise ValueError("must be a whole number of tokens ≥ 1")
+        return int(value)
+    if key == "baseline_strict":
+        if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise ValueError("must be true or false")
+        return value.lower() in ("true", "1", "yes")
+    if key == "confirm":
+        if not value.strip().isdigit():
+            raise ValueError("must be a whole number of extra measurements (0, 1, 2, ...)")
         return int(value)
     if key == "endpoint":
         return value.strip().rstrip("/")
