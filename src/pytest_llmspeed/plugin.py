@@ -7,6 +7,7 @@ else: no network, no heavy import.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -251,3 +252,16 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_line(line)
     if run.settings.results:
         terminalreporter.write_line(f"results: {run.settings.results}")
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        from .report.markdown import summary
+
+        server = run.header()[0].removeprefix("llmspeed server: ")
+        text = summary(
+            f"LLM speed: {server}",
+            cells,
+            [c.message() for c in run.regressions],
+            run.notes,
+        )
+        with open(step_summary, "a", encoding="utf-8") as fh:
+            fh.write(run.redact(text))

@@ -1,0 +1,160 @@
+"""The performance gate end to end on the simulator: baseline, regressions, pytest-benchmark."""
+
+import json
+
+import pytest
+
+ARGS = (
+    "--llm-contexts=1K",
+    "--llm-concurrency=1,4",
+    "--llm-duration=2",
+    "--llm-max-output=256",
+    "-m",
+    "decode",
+    "-p",
+    "no:randomly",
+)
+
+
+def sim(speed):
+    return f"--llm-endpoint=sim:tiny?speed={speed}&seed=3"
+
+
+@pytest.fixture
+def baseline(pytester):
+    result = pytester.runpytest(sim(1), *ARGS, "--llm-save-baseline=base.toml")
+    result.assert_outcomes(passed=2, deselected=1)
+    result.stdout.fnmatch_lines(["note: baseline: 3 cells written to base.toml"])
+    text = (pytester.path / "base.toml").read_text()
+    assert '[cells."decode[1K-c4]"]' in text and "total_tok_s = " in text
+    return pytester.path / "base.toml"
+
+
+def test_same_server_passes_the_gate(pytester, baseline):
+    result = pytester.runpytest(sim(1), *ARGS, f"--llm-baseline={baseline}", "--llm-confirm=2")
+    result.assert_outcomes(passed=2, deselected=1)
+    result.stdout.fnmatch_lines(["Baseline *base.toml: 0 regression(s), *"])
+
+
+def test_slower_server_fails_exactly_the_affected_cells(pytester, baseline):
+    result = pytester.runpytest(
+        sim(0.9),
+        *ARGS,
+        f"--llm-baseline={baseline}",
+        "--llm-results=out.json",
+        "--junitxml=out.xml",
+    )
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(failed=2, deselected=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*decode[[]1K-c1[]] total tok/s * < floor * (baseline * − 5%): −*%*",
+            "Baseline *: * regression(s), 0 improvement(s) beyond tolerance",
+            "  REGRESSION  decode[[]1K-c1[]] total tok/s *",
+        ]
+    )
+    assert "Traceback" not in result.stdout.str()
+    cells = {c["id"]: c for c in json.loads((pytester.path / "out.json").read_text())["cells"]}
+    for cid in ("decode[1K-c1]", "decode[1K-c4]"):
+        assert cells[cid]["status"] == "failed" and cells[cid]["baseline"] == "regressed"
+        assert len(cells[cid]["attempts"]) == 2  # the miss was confirmed by a re-measurement
+    assert 'name="status" value="failed"' in (pytester.path / "out.xml").read_text()
+
+
+def test_not_measured_no_floor_and_improvements(pytester):
+    (pytester.path / "base.toml").write_text(
+        '[defaults]\ntolerance = 0.05\n\n[cells."decode[1K-c1]"]\ntotal_tok_s = 10.0\n\n'
+        '[cells."decode[2K-c1]"]\ntotal_tok_s = 10.0\n'
+    )
+    result = pytester.runpytest(sim(1), *ARGS, "--llm-baseline=base.toml")
+    result.assert_outcomes(passed=2, deselected=1)
+    result.stdout.fnmatch_lines(
+        [
+            "Baseline base.toml: 0 regression(s), 1 improvement(s) beyond tolerance",
+            "  improvement decode[[]1K-c1[]] total_tok_s * vs baseline 10.0: +*%",
+            "  not measured: decode[[]2K-c1[]]",
+            "  no floor (not in the baseline): decode[[]1K-c4[]]",
+        ]
+    )
+
+
+def test_settings_mismatch_warns_and_strict_refuses(pytester, baseline):
+    other = ("--llm-max-output=128", *ARGS[:3], *ARGS[4:])
+    result = pytester.runpytest(sim(1), *other, f"--llm-baseline={baseline}")
+    result.stdout.fnmatch_lines(
+        [
+            "note: warning: baseline * was taken with other settings: max_output 256 in the "
+            "baseline, 128 now"
+        ]
+    )
+    result = pytester.runpytest(
+        sim(1), *other, f"--llm-baseline={baseline}", "--llm-baseline-strict"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: pytest-llmspeed: baseline * (--llm-baseline-strict)"])
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "*nope.toml: baseline file not found. Create one with --llm-save-baseline=*"),
+        ("[cells\n", "*bad.toml: not valid TOML: *(at line 1, column *)"),
+        ('[cells."decode[8K-x1]"]\ntotal_tok_s = 1\n', "*bad.toml, line 1: unknown cell id*"),
+        ('[cells."decode[8K-c1]"]\ntotal_tok_s = "x"\n', "*bad.toml, line 2: *not a positive*"),
+    ],
+)
+def test_bad_baseline_is_a_usage_error(pytester, content, message):
+    name = "nope.toml" if content is None else "bad.toml"
+    if content is not None:
+        (pytester.path / name).write_text(content)
+    result = pytester.runpytest(sim(1), *ARGS, f"--llm-baseline={name}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: --llm-baseline: {message}"])
+    assert "Traceback" not in result.stderr.str()
+
+
+def test_pytest_benchmark_entries_and_compare_fail(pytester):
+    result = pytester.runpytest(
+        sim(1),
+        *ARGS,
+        "--benchmark-json=bench.json",
+        "--benchmark-storage=store",
+        "--benchmark-save=base",
+    )
+    result.assert_outcomes(passed=2, deselected=1)
+    data = json.loads((pytester.path / "bench.json").read_text())
+    assert data["machine_info"]["llm_server"]["model"] == "tiny"
+    entries = {b["name"]: b for b in data["benchmarks"]}
+    assert set(entries) == {"test_decode[1K-c1]", "test_decode[1K-c4]"}
+    entry = entries["test_decode[1K-c4]"]
+    assert entry["extra_info"]["concurrency"] == 4 and entry["extra_info"]["total_tok_s"] > 0
+    assert entry["stats"]["rounds"] >= 4  # one time-between-tokens sample per request
+    assert entry["stats"]["median"] == pytest.approx(entry["extra_info"]["tbt_ms"] / 1e3, rel=0.01)
+
+    result = pytester.runpytest_subprocess(
+        sim(0.8),
+        *ARGS,
+        "--benchmark-storage=store",
+        "--benchmark-compare=0001",
+        "--benchmark-compare-fail=median:10%",
+    )
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(
+        [
+            "Performance has regressed:",
+            "*test_decode[[]1K-c1[]] (0001_base) - Field 'median' has failed*",
+        ]
+    )
+
+    result = pytester.runpytest(sim(1), *ARGS, "-p", "no:benchmark")
+    result.assert_outcomes(passed=2, deselected=1)
+
+
+def test_github_step_summary(pytester, monkeypatch):
+    summary = pytester.path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    result = pytester.runpytest(sim(4), *ARGS)
+    result.assert_outcomes(passed=2, deselected=1)
+    text = summary.read_text()
+    assert text.startswith("## LLM speed: ")
+    assert "| Context   |" in text and "**Sustained decode**" in text
