@@ -67,7 +67,7 @@ def test_broken_files(tmp_path, text, message):
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(BaselineError, match="baseline file not found. Create one with"):
+    with pytest.raises(BaselineError, match=r"baseline file not found\. Create one with"):
         load(tmp_path / "nope.toml")
 
 
