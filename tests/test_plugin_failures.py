@@ -91,3 +91,26 @@ def test_server_dying_mid_run_stops_cleanly_and_keeps_results(pytester, sim_proc
     cells = json.loads((pytester.path / "out.json").read_text())["cells"]
     assert sum(1 for c in cells if c["status"] == "valid" and c["phase"] == "decode") >= 1
     assert result.duration < 60
+
+
+def test_prompt_the_server_refuses_skips_the_cell_with_its_reason(pytester):
+    # A server that does not report max_model_len cannot be checked up front: the plugin
+    # sends the prompt and the server's own refusal (HTTP 400) becomes the skip reason.
+    pytester.makeconftest(
+        """
+        import pytest
+        from pytest_llmspeed.state import RUN_KEY
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_sessionstart(session):
+            run = session.config.stash[RUN_KEY]
+            run.bench.server.max_model_len = None
+            run.skip_reason = lambda *a: None
+        """
+    )
+    result = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=4", "--llm-contexts=40K", "--llm-concurrency=1",
+        "--llm-duration=1", "--llm-max-output=64", "-rs", "-m", "decode",
+    )
+    result.assert_outcomes(skipped=1, deselected=1)
+    result.stdout.fnmatch_lines(["SKIPPED * the server refused the prompt: *40960*"])

@@ -16,6 +16,7 @@ from .client import (
     AuthError,
     Connection,
     LLMSpeedError,
+    RequestRejected,
     StreamRecord,
     account_tokens,
     stream_request,
@@ -101,6 +102,8 @@ async def run_prefill(
     body = prompt.encode(request_fields(model, max_tokens, dialect))
     rec = await stream_request(conn, dialect.path, body)
     account_tokens(rec)
+    if rec.error and rec.status is not None and 400 <= rec.status < 500:
+        raise RequestRejected(rec.status, rec.error.removeprefix(f"HTTP {rec.status}: "))
     if rec.error:
         raise LLMSpeedError(f"prefill request at {context} tokens failed: {rec.error}")
     if rec.t_first is None:
