@@ -123,3 +123,13 @@ def test_xdist_is_refused(pytester):
     pytest.importorskip("xdist")
     result = pytester.runpytest("--llm-endpoint=sim", "-n", "2")
     result.stderr.fnmatch_lines(["ERROR: pytest-llmspeed measures one cell at a time*"])
+
+
+def test_readme_documents_every_option():
+    from pathlib import Path
+
+    from pytest_llmspeed.settings import OPTIONS
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for opt in OPTIONS:
+        assert f"| `{opt.flag}` | `{opt.ini}` |" in readme, opt.flag

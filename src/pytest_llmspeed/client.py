@@ -115,9 +115,10 @@ class Connection:
             raise ServerUnreachable(self._unreachable(exc)) from None
 
     def _unreachable(self, exc: BaseException) -> str:
-        what = type(exc).__name__ if isinstance(exc, asyncio.TimeoutError) else str(exc)
         if isinstance(exc, asyncio.TimeoutError):
             what = f"no answer within {self.timeout:g} s (--llm-timeout)"
+        else:
+            what = str(exc) or type(exc).__name__
         return redact(
             f"cannot reach the LLM server at {self.base_url}: {what}. "
             "Check --llm-endpoint and that the server is running.",

@@ -229,8 +229,9 @@ class CellRunner:
                     for c in checks
                 ]
                 if len(attempts) > 1:
+                    metrics = [c.metric for c in checks]
                     record["attempts"] = [
-                        {k: a.get(k) for k in (*c_metrics(checks), "ttft_ms", "stability_cv")}
+                        {k: a.get(k) for k in (*metrics, "ttft_ms", "stability_cv")}
                         for a in attempts
                     ]
                 if regressed:
@@ -262,10 +263,6 @@ class CellRunner:
         stats = bench._make_stats(1)
         for ms in samples_ms:
             stats.update(ms / 1e3)
-
-
-def c_metrics(checks: list[Any]) -> list[str]:
-    return [c.metric for c in checks]
 
 
 @pytest.fixture
