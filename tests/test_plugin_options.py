@@ -133,3 +133,39 @@ def test_readme_documents_every_option():
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     for opt in OPTIONS:
         assert f"| `{opt.flag}` | `{opt.ini}` |" in readme, opt.flag
+
+
+def test_server_that_never_answers_times_out_with_one_message(pytester):
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    accepted = []
+    stop = threading.Event()
+
+    def accept():  # takes connections and never answers
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        result = pytester.runpytest(f"--llm-endpoint=http://127.0.0.1:{port}", "--llm-timeout=2")
+    finally:
+        stop.set()
+        thread.join()
+        for conn in accepted:
+            conn.close()
+        listener.close()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: pytest-llmspeed: cannot reach the LLM server at *: no answer within 2 s *"]
+    )
+    assert result.duration < 20
