@@ -109,8 +109,56 @@ def test_prompt_the_server_refuses_skips_the_cell_with_its_reason(pytester):
         """
     )
     result = pytester.runpytest(
-        "--llm-endpoint=sim:tiny?speed=4", "--llm-contexts=40K", "--llm-concurrency=1",
-        "--llm-duration=1", "--llm-max-output=64", "-rs", "-m", "decode",
+        "--llm-endpoint=sim:tiny?speed=4",
+        "--llm-contexts=40K",
+        "--llm-concurrency=1",
+        "--llm-duration=1",
+        "--llm-max-output=64",
+        "-rs",
+        "-m",
+        "decode",
     )
     result.assert_outcomes(skipped=1, deselected=1)
     result.stdout.fnmatch_lines(["SKIPPED * the server refused the prompt: *40960*"])
+
+
+def test_ctrl_c_keeps_the_finished_cells(tmp_path):
+    import signal
+    import time
+
+    results = tmp_path / "out.json"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--llm-endpoint=sim:tiny",
+            "--llm-contexts=1K",
+            "--llm-concurrency=1,2,4,8",
+            "--llm-duration=3",
+            "--llm-max-output=256",
+            f"--llm-results={results}",
+            "-m",
+            "decode",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if results.exists() and '"decode[1K-c2]"' in results.read_text():
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert "Traceback" not in out
+    assert "KeyboardInterrupt" in out and "Sustained decode" in out
+    cells = {c["id"]: c for c in json.loads(results.read_text())["cells"]}
+    assert cells["decode[1K-c1]"]["status"] == "valid"
+    assert cells["decode[1K-c2]"]["status"] == "valid"
