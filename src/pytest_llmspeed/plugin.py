@@ -199,7 +199,8 @@ def _record_skip(
         status = R.TOO_LONG
     else:
         status = R.SKIPPED
-    rec = R.skipped_record(phase, param, concurrency, status, reason)
+    tokens = run.bench.resolve(param) if run.bench is not None else None
+    rec = R.skipped_record(phase, param, concurrency, status, reason, tokens)
     if rec["id"] not in run.cells:
         run.record(rec)
     item.user_properties.extend(R.properties(rec))

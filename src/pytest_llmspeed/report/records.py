@@ -96,9 +96,14 @@ def decode_record(param: int | str, result: DecodeResult) -> dict[str, Any]:
 
 
 def skipped_record(
-    phase: str, param: int | str, concurrency: int | None, status: str, reason: str
+    phase: str,
+    param: int | str,
+    concurrency: int | None,
+    status: str,
+    reason: str,
+    tokens: int | None = None,
 ) -> dict[str, Any]:
-    return {
+    record = {
         "id": cell_name(phase, param, concurrency),
         "phase": phase,
         "context": context_label(param),
@@ -106,6 +111,10 @@ def skipped_record(
         "status": status,
         "reason": reason,
     }
+    if tokens is not None and tokens > 0:
+        record["context_tokens"] = tokens
+        record["context_display"] = display_label(tokens)
+    return record
 
 
 def properties(record: dict[str, Any]) -> list[tuple[str, Any]]:
