@@ -134,15 +134,15 @@ class DecodeResult:
     early_stops: int  # requests that finished with fewer than max_output tokens
     errors: dict[str, int]
     received_tokens: int  # all tokens of all streams, window or not
-    generation_tokens_delta: float | None  # rise of the server's generation counter to w1
+    generation_tokens_delta: float | None  # rise of the server's generation counter, w0 to w1
     max_waiting: float | None
     mean_running: float | None
     queued: bool  # the server queued requests: effective concurrency below N
     aborted: str | None = None  # why the cell stopped early
     window: tuple[float, float] = (0.0, 0.0)  # perf_counter times the window opened and closed
     received_chunks: int = 0  # token-carrying chunks of all streams
-    # tokens received up to the server's closing /metrics snapshot, which the rise of its
-    # generation counter (generation_tokens_delta) should match
+    # tokens received between the server's /metrics snapshots at the window's opening and
+    # closing, which the rise of its generation counter (generation_tokens_delta) should match
     received_at_close: int | None = None
     records: list[StreamRecord] = field(default_factory=list, repr=False)
 
@@ -220,8 +220,9 @@ async def run_decode(
         await _wait_idle(conn, min(conn.timeout, 30.0))
     await conn.warm_pool(n)
     before = await _metrics(conn) if watch_metrics else None
+    open_snap: MetricsSnapshot | None = None
     close_snap: MetricsSnapshot | None = None
-    t_close = 0.0
+    t_open = t_close = 0.0
     tasks = [loop.create_task(worker(i)) for i in range(n)]
     samples: list[MetricsSnapshot] = []
     try:
@@ -236,6 +237,12 @@ async def run_decode(
         if aborted is None:
             w0 = window_open_at[0]
             w1 = w0 + duration
+            if before is not None:
+                # the server's generation counter at the window's opening: compared over the
+                # steady-state window, its reporting lag cancels out
+                t_a = time.perf_counter()
+                open_snap = await _metrics(conn)
+                t_open = (t_a + time.perf_counter()) / 2
             while time.perf_counter() < w1 and aborted is None:
                 if watch_metrics and before is not None:
                     snap = await _metrics(conn)
@@ -269,9 +276,9 @@ async def run_decode(
         duration,
         w0,
         min(w1, max(t_stop, w0)),
-        before,
+        open_snap,
         close_snap,
-        t_close,
+        (t_open, t_close),
         samples,
         aborted,
     )
@@ -308,7 +315,7 @@ def _decode_result(
     w1: float,
     before: MetricsSnapshot | None,
     after: MetricsSnapshot | None,
-    t_after: float,
+    span: tuple[float, float],
     samples: list[MetricsSnapshot],
     aborted: str | None,
 ) -> DecodeResult:
@@ -330,7 +337,9 @@ def _decode_result(
             early += 1
         received += rec.n_tokens
         received_at_close += sum(
-            c for t, c in zip(rec.token_times, rec.token_counts, strict=True) if t <= t_after
+            c
+            for t, c in zip(rec.token_times, rec.token_counts, strict=True)
+            if span[0] < t <= span[1]
         )
         chunks += len(rec.token_counts)
         traces.append(

@@ -65,11 +65,14 @@ class LLMSpeedRun:
         """Start the simulator if asked, connect, probe. Raises LLMSpeedError / ValueError."""
         s = self.settings
         if s.is_sim:
-            from .sim import parse_sim_spec, running_simulator  # only when asked for
+            from .sim import parse_sim_spec, running_simulator_process  # only when asked for
 
             options = parse_sim_spec(s.endpoint)
             self._sim = contextlib.ExitStack()
-            self.base_url = self._sim.enter_context(running_simulator(options))
+            try:
+                self.base_url = self._sim.enter_context(running_simulator_process(options))
+            except RuntimeError as exc:
+                raise LLMSpeedError(str(exc)) from None
             self.notes.append(f"built-in simulator: {s.endpoint.split('?')[0]} at {self.base_url}")
         else:
             self.base_url = s.endpoint
