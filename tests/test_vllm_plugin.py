@@ -16,7 +16,7 @@ def run_plugin(pytester, server, contexts="1K,4K,16K", concurrency="1,4,16", ext
         f"--llm-endpoint={server.url}",
         f"--llm-contexts={contexts}",
         f"--llm-concurrency={concurrency}",
-        "--llm-duration=2",
+        "--llm-duration=4",
         f"--llm-max-output={MAX_OUTPUT}",
         "--llm-results=out.json",
         "--junitxml=out.xml",
@@ -48,10 +48,10 @@ def test_small_matrix_on_real_vllm(pytester, vllm_server):
     assert len(decode) == 9 - len(expected_over)
     for cell in decode:
         assert cell["tokens"] == "usage", cell["id"]
-        # every token the server generated in the cell reached us, and no more
-        assert cell["received_at_close"] == pytest.approx(
-            cell["generation_tokens_delta"], rel=0.02
-        ), cell["id"]
+        # what the server's counter says it generated over the window is what we counted
+        # (within 2 %; the counter was read at an unknown moment of each /metrics request)
+        lo, hi = cell["received_span"]
+        assert lo * 0.98 <= cell["generation_tokens_delta"] <= hi * 1.02, cell["id"]
         assert cell["output_tokens"] > 0
     prefill = [c for c in cells.values() if c["phase"] == "prefill"]
     assert {c["context_tokens"] for c in prefill} == set(CONTEXTS)
@@ -65,9 +65,8 @@ def test_multi_token_chunks_are_counted_exactly(pytester, vllm_server):
     for cell in doc["cells"]:
         if cell["phase"] != "decode":
             continue
-        assert cell["received_at_close"] == pytest.approx(
-            cell["generation_tokens_delta"], rel=0.02
-        )
+        lo, hi = cell["received_span"]
+        assert lo * 0.98 <= cell["generation_tokens_delta"] <= hi * 1.02, cell["id"]
         # up to 4 tokens a chunk: the accounting saw multi-token chunks
         assert cell["received_tokens"] / cell["received_chunks"] > 1.5
 

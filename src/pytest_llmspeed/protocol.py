@@ -134,16 +134,17 @@ class DecodeResult:
     early_stops: int  # requests that finished with fewer than max_output tokens
     errors: dict[str, int]
     received_tokens: int  # all tokens of all streams, window or not
-    generation_tokens_delta: float | None  # rise of the server's generation counter, w0 to w1
+    # rise of the server's generation counter from the window's opening to its closing, and
+    # the tokens we received over that span (a range: the counter is read at an unknown moment
+    # inside each /metrics request)
+    generation_tokens_delta: float | None
     max_waiting: float | None
     mean_running: float | None
     queued: bool  # the server queued requests: effective concurrency below N
     aborted: str | None = None  # why the cell stopped early
+    received_span: tuple[int, int] | None = None
     window: tuple[float, float] = (0.0, 0.0)  # perf_counter times the window opened and closed
     received_chunks: int = 0  # token-carrying chunks of all streams
-    # tokens received between the server's /metrics snapshots at the window's opening and
-    # closing, which the rise of its generation counter (generation_tokens_delta) should match
-    received_at_close: int | None = None
     records: list[StreamRecord] = field(default_factory=list, repr=False)
 
     @property
@@ -220,9 +221,8 @@ async def run_decode(
         await _wait_idle(conn, min(conn.timeout, 30.0))
     await conn.warm_pool(n)
     before = await _metrics(conn) if watch_metrics else None
-    open_snap: MetricsSnapshot | None = None
-    close_snap: MetricsSnapshot | None = None
-    t_open = t_close = 0.0
+    span_open: tuple[float, float, MetricsSnapshot | None] | None = None
+    span_close: tuple[float, float, MetricsSnapshot | None] | None = None
     tasks = [loop.create_task(worker(i)) for i in range(n)]
     samples: list[MetricsSnapshot] = []
     try:
@@ -238,11 +238,7 @@ async def run_decode(
             w0 = window_open_at[0]
             w1 = w0 + duration
             if before is not None:
-                # the server's generation counter at the window's opening: compared over the
-                # steady-state window, its reporting lag cancels out
-                t_a = time.perf_counter()
-                open_snap = await _metrics(conn)
-                t_open = (t_a + time.perf_counter()) / 2
+                span_open = await _timed_metrics(conn)
             while time.perf_counter() < w1 and aborted is None:
                 if watch_metrics and before is not None:
                     snap = await _metrics(conn)
@@ -250,12 +246,8 @@ async def run_decode(
                         samples.append(snap)
                 await asyncio.sleep(min(1.0, max(w1 - time.perf_counter(), 0)))
             t_stop = min(time.perf_counter(), w1)
-            if before is not None and aborted is None:
-                # the server's own count of generated tokens at the window's end, before the
-                # streams are cancelled (a cross-check of our accounting)
-                t_a = time.perf_counter()
-                close_snap = await _metrics(conn)
-                t_close = (t_a + time.perf_counter()) / 2
+            if span_open is not None and aborted is None:
+                span_close = await _timed_metrics(conn)
         else:
             w0 = w1 = t_stop = time.perf_counter()
     finally:
@@ -276,12 +268,26 @@ async def run_decode(
         duration,
         w0,
         min(w1, max(t_stop, w0)),
-        open_snap,
-        close_snap,
-        (t_open, t_close),
+        span_open,
+        span_close,
         samples,
         aborted,
     )
+
+
+async def _timed_metrics(conn: Connection) -> tuple[float, float, MetricsSnapshot | None]:
+    t0 = time.perf_counter()
+    snap = await _metrics(conn)
+    return t0, time.perf_counter(), snap
+
+
+def _received_between(records: list[StreamRecord], t0: float, t1: float) -> int:
+    total = 0
+    for rec in records:
+        total += sum(
+            c for t, c in zip(rec.token_times, rec.token_counts, strict=True) if t0 < t <= t1
+        )
+    return total
 
 
 async def _wait_idle(conn: Connection, timeout: float) -> bool:
@@ -313,9 +319,8 @@ def _decode_result(
     duration: float,
     w0: float,
     w1: float,
-    before: MetricsSnapshot | None,
-    after: MetricsSnapshot | None,
-    span: tuple[float, float],
+    span_open: tuple[float, float, MetricsSnapshot | None] | None,
+    span_close: tuple[float, float, MetricsSnapshot | None] | None,
     samples: list[MetricsSnapshot],
     aborted: str | None,
 ) -> DecodeResult:
@@ -324,7 +329,6 @@ def _decode_result(
     early = 0
     estimated = False
     received = 0
-    received_at_close = 0
     chunks = 0
     for rec in records:
         account_tokens(rec)
@@ -336,11 +340,6 @@ def _decode_result(
         if done and rec.n_tokens < max_output:
             early += 1
         received += rec.n_tokens
-        received_at_close += sum(
-            c
-            for t, c in zip(rec.token_times, rec.token_counts, strict=True)
-            if span[0] < t <= span[1]
-        )
         chunks += len(rec.token_counts)
         traces.append(
             RequestTrace(
@@ -354,8 +353,15 @@ def _decode_result(
         )
     stats = decode_stats(traces, w0, w1)
     gen_delta = None
-    if before and after and before.generation_tokens is not None and after.generation_tokens:
-        gen_delta = after.generation_tokens - before.generation_tokens
+    span_min = span_max = None
+    if span_open and span_close and span_open[2] and span_close[2]:
+        a, b = span_open[2].generation_tokens, span_close[2].generation_tokens
+        if a is not None and b is not None:
+            gen_delta = b - a
+            # the counter was read somewhere inside each /metrics request: bracket the tokens
+            # we received over the same span
+            span_min = _received_between(records, span_open[1], span_close[0])
+            span_max = _received_between(records, span_open[0], span_close[1])
     waits = [s.waiting for s in samples if s.waiting is not None]
     runs = [s.running for s in samples if s.running is not None]
     max_wait = max(waits) if waits else None
@@ -374,13 +380,13 @@ def _decode_result(
         errors=dict(errors),
         received_tokens=received,
         generation_tokens_delta=gen_delta,
+        received_span=(span_min, span_max) if span_min is not None else None,
         max_waiting=max_wait,
         mean_running=mean_run,
         queued=queued,
         aborted=aborted,
         window=(w0, w1),
         received_chunks=chunks,
-        received_at_close=received_at_close if after is not None else None,
         records=records,
     )
 

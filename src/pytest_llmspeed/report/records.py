@@ -83,8 +83,8 @@ def decode_record(param: int | str, result: DecodeResult) -> dict[str, Any]:
         "per_second_tok": s.per_second_tok,
         "received_tokens": result.received_tokens,
         "received_chunks": result.received_chunks,
-        "received_at_close": result.received_at_close,
         "generation_tokens_delta": result.generation_tokens_delta,
+        "received_span": list(result.received_span) if result.received_span else None,
         "max_output": result.max_output,
         "duration_s": result.duration_s,
         "samples": {
