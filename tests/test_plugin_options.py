@@ -44,6 +44,7 @@ def test_help_lists_every_option(pytester):
         "--llm-prefill-contexts",
         "--llm-concurrency",
         "--llm-duration",
+        "--llm-prefill-repeats",
         "--llm-max-output",
         "--llm-kv-capacity",
         "--llm-results",
@@ -62,6 +63,7 @@ def test_help_lists_every_option(pytester):
         (["--llm-api=grpc"], "--llm-api='grpc': choose one of completions, chat"),
         (["--llm-max-output=many"], "--llm-max-output='many': must be a whole number*"),
         (["--llm-max-error-rate=2"], "--llm-max-error-rate='2': must be a fraction*"),
+        (["--llm-prefill-repeats=0"], "--llm-prefill-repeats='0': must be a whole number of*"),
     ],
 )
 def test_bad_option_values_are_usage_errors(pytester, args, message):

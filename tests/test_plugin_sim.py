@@ -156,3 +156,52 @@ def test_bad_sim_spec_is_a_usage_error(pytester):
     result = pytester.runpytest("--llm-endpoint=sim:nosuchprofile")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: pytest-llmspeed: *nosuchprofile*"])
+
+
+def test_cell_whose_server_queues_is_flagged(pytester):
+    # the simulator holds 8K tokens of KV cache but the plugin is told 1M: at 4K × 16 the shared
+    # prefix (4K, cached once) and 16 × (suffix + 512 output) do not fit, so requests wait for
+    # cache and the cell is marked as running below N; at 4K × 1 nothing waits
+    result = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=4&kv_capacity=8192&max_model_len=8192",
+        "--llm-kv-capacity=1000000",
+        "--llm-contexts=4K",
+        "--llm-concurrency=1,16",
+        "--llm-duration=2",
+        "--llm-max-output=512",
+        "--llm-results=out.json",
+    )
+    result.assert_outcomes(passed=3)
+    cells = {c["id"]: c for c in json.loads((pytester.path / "out.json").read_text())["cells"]}
+    assert cells["decode[4K-c16]"]["queued"] is True
+    assert cells["decode[4K-c16]"]["max_waiting"] > 0
+    assert cells["decode[4K-c16]"]["effective_concurrency"] < 16
+    assert cells["decode[4K-c1]"]["queued"] is False
+    result.stdout.fnmatch_lines(["*decode*4K-c16*the server queued requests (effective*< 16)*"])
+
+
+def test_prefill_repeats_take_the_median_of_cold_requests(pytester):
+    result = pytester.runpytest(
+        f"--llm-endpoint={TINY}",
+        "--llm-contexts=4K",
+        "--llm-concurrency=1",
+        "--llm-duration=1",
+        "--llm-max-output=64",
+        "--llm-prefill-repeats=3",
+        "--llm-results=out.json",
+        "--benchmark-json=bench.json",
+    )
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["Prefill (cold cache, median of 3 cold requests, *"])
+    doc = json.loads((pytester.path / "out.json").read_text())
+    assert doc["run"]["settings"]["prefill_repeats"] == 3
+    cell = next(c for c in doc["cells"] if c["id"] == "prefill[4K]")
+    samples = cell["samples"]["ttft_ms"]
+    assert cell["repeats"] == 3 and len(samples) == 3 and len(set(samples)) == 3
+    assert cell["ttft_ms"] == pytest.approx(sorted(samples)[1], abs=0.01)
+    assert cell["prompt_tok_s"] == pytest.approx(4096 / (cell["ttft_ms"] / 1e3), rel=1e-3)
+    # every cold request was a full prefill: none of them hit a cache (each has its own prefix)
+    assert max(samples) < 3 * min(samples)
+    bench = json.loads((pytester.path / "bench.json").read_text())
+    entry = next(b for b in bench["benchmarks"] if "prefill" in b["name"])
+    assert entry["stats"]["rounds"] == 3

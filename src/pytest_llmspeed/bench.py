@@ -15,7 +15,15 @@ from .client import Connection, LLMSpeedError
 from .matrix import Limits, resolve_context
 from .probe import ServerInfo, probe
 from .prompts import PromptFactory
-from .protocol import DecodeResult, Dialect, PrefillResult, negotiate, run_decode, run_prefill
+from .protocol import (
+    DecodeResult,
+    Dialect,
+    PrefillResult,
+    median_prefill,
+    negotiate,
+    run_decode,
+    run_prefill,
+)
 
 T = TypeVar("T")
 
@@ -30,6 +38,7 @@ class BenchConfig:
     duration: float
     timeout: float
     kv_capacity: int | None
+    prefill_repeats: int = 1  # cold requests per prefill cell; the figure is their median
 
 
 @dataclass
@@ -83,15 +92,24 @@ class Bench:
         """
         if context not in self.prefills:
             assert self.conn and self.factory and self.dialect and self.server
-            self.prefills[context] = self.run(
+            first = self.run(
                 run_prefill(
                     self.conn, self.factory, self.dialect, self.server.model, context, max_tokens
                 )
             )
+            more = [self._cold(context, max_tokens) for _ in range(self.config.prefill_repeats - 1)]
+            self.prefills[context] = median_prefill([first, *more])
         return self.prefills[context]
 
     def prefill_again(self, context: int, max_tokens: int) -> PrefillResult:
-        """Measure the prefill cell once more, on a new cold prefix (a fresh salt)."""
+        """Measure the prefill cell once more (``prefill_repeats`` cold requests), each on a new
+        cold prefix (a fresh salt)."""
+        return median_prefill(
+            [self._cold(context, max_tokens) for _ in range(self.config.prefill_repeats)]
+        )
+
+    def _cold(self, context: int, max_tokens: int) -> PrefillResult:
+        """One cold request at ``context`` on a prefix never sent before (a fresh salt)."""
         assert self.conn and self.factory and self.dialect and self.server
         factory = PromptFactory(
             self.conn, self.server.model, api=self.factory.api, _pool=self.factory._pool

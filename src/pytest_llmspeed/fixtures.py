@@ -130,7 +130,8 @@ class CellRunner:
             result = self.run.bench.prefill_again(prefix.tokens, prefix.prefill.max_tokens)
             return R.prefill_record(prefix.param, result)
 
-        return self._finish(record, again, samples_ms=[record["ttft_ms"]])
+        samples = record.get("samples", {}).get("ttft_ms") or [record["ttft_ms"]]
+        return self._finish(record, again, samples_ms=samples)
 
     def decode(self, prefix: WarmPrefix, concurrency: int) -> dict[str, Any]:
         """Run the sustained-decode cell (prefix context, concurrency); fail on errors or on a

@@ -84,6 +84,7 @@ class LLMSpeedRun:
                 api=s.api,
                 max_output=s.max_output,
                 duration=s.duration,
+                prefill_repeats=s.prefill_repeats,
                 timeout=s.timeout,
                 kv_capacity=s.kv_capacity,
             )

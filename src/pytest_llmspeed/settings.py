@@ -75,6 +75,12 @@ OPTIONS: tuple[Option, ...] = (
         default=DEFAULT_CONCURRENCY,
     ),
     Option("duration", "seconds of each decode cell's measurement window", default="30"),
+    Option(
+        "prefill-repeats",
+        "cold requests per prefill cell, each on a fresh prefix; the cell's TTFT is their "
+        "median (more steady prefill floors for a gate)",
+        default="1",
+    ),
     Option("max-output", "max_tokens of every decode request", default="4096"),
     Option("kv-capacity", "KV-cache capacity in tokens (default: read from the server)"),
     Option("results", "write JSON results to this path, rewritten after every cell"),
@@ -124,6 +130,7 @@ class Settings:
     prefill_contexts: tuple[int | str, ...] = ()
     concurrency: tuple[int, ...] = ()
     duration: float = 30.0
+    prefill_repeats: int = 1
     max_output: int = 4096
     kv_capacity: int | None = None
     results: str | None = None
@@ -147,6 +154,7 @@ class Settings:
             "prefill_contexts": [str(c) for c in self.prefill_contexts],
             "concurrency": list(self.concurrency),
             "duration_s": self.duration,
+            "prefill_repeats": self.prefill_repeats,
             "max_output": self.max_output,
             "kv_capacity_option": self.kv_capacity,
             "timeout_s": self.timeout,
@@ -245,6 +253,10 @@ def _convert(key: str, value: str) -> Any:
         if not 0 <= number <= 1:
             raise ValueError("must be a fraction between 0 and 1")
         return number
+    if key == "prefill_repeats":
+        if not value.strip().isdigit() or int(value) < 1:
+            raise ValueError("must be a whole number of requests ≥ 1")
+        return int(value)
     if key in ("max_output", "kv_capacity"):
         if not value.strip().isdigit() or int(value) < 1:
             raise ValueError("must be a whole number of tokens ≥ 1")

@@ -40,8 +40,10 @@ def prefill_record(param: int | str, result: PrefillResult) -> dict[str, Any]:
         "status": VALID,
         "prompt_tok_s": round(result.prompt_tok_s, 2),
         "ttft_ms": round(result.ttft_ms, 2),
-        "completed": 1,
+        "completed": max(1, len(result.samples_ms)),
         "max_tokens": result.max_tokens,
+        "repeats": max(1, len(result.samples_ms)),
+        "samples": {"ttft_ms": [round(x, 2) for x in result.samples_ms or (result.ttft_ms,)]},
     }
 
 

@@ -194,7 +194,9 @@ def render(cells: list[dict[str, Any]], width: int, verbose: bool, notes: list[s
     decode = [c for c in cells if c["phase"] == "decode"]
     lines: list[str] = []
     if prefill:
-        lines += ["Prefill (cold cache, prompt tok/s by context)", prefill_table(prefill), ""]
+        repeats = max(c.get("repeats", 1) for c in prefill)
+        how = f", median of {repeats} cold requests" if repeats > 1 else ""
+        lines += [f"Prefill (cold cache{how}, prompt tok/s by context)", prefill_table(prefill), ""]
     if decode:
         lines += ["Sustained decode", *decode_matrix(decode, width), ""]
         if any(c["status"] == R.OVER_CAPACITY for c in decode):
