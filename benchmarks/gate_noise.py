@@ -25,9 +25,10 @@ Usage (from the repository root):
     python benchmarks/gate_noise.py --runs 2 --factors 1.0,0.9 --wait-idle 0   # a smoke run
 
 The machine must be quiet: the simulator runs inside the pytest process, so other processes'
-CPU shows up as a slower server. The benchmark waits (``--wait-idle``) until no vLLM process
-runs, measures the CPU other processes use during each run, and measures a disturbed run
-again (``--retries``); the summary says how many runs that took and the load they ran under.
+CPU shows up as a slower server. The benchmark waits (``--wait-idle``) for a quiet CPU (and no
+vLLM process before the baseline run), measures the CPU other processes use during each run
+(on average and in its busiest second), and measures a disturbed run again (``--retries``);
+the summary says how many runs that took and the load they ran under.
 
 Options of the matrix: --profile, --base-speed, --noise, --contexts, --concurrency, --duration,
 --max-output, --confirm, --tolerance (rewrites the baseline's default tolerance).
@@ -111,16 +112,26 @@ class Run:
     cells: list[dict[str, Any]] = field(default_factory=list)
     output: str = ""
     foreign_cpu: float = 0.0  # CPU used by other processes, fraction of the machine
-    servers_seen: bool = False  # a vLLM process ran at some point during the run
+    foreign_peak: float = 0.0  # the same in the busiest second of the run
+    servers_seen: bool = False  # a vLLM process existed at some point during the run
 
     @property
     def disturbed(self) -> bool:
-        return self.servers_seen or self.foreign_cpu > FOREIGN_CPU_LIMIT
+        return self.foreign_cpu > FOREIGN_CPU_LIMIT or self.foreign_peak > FOREIGN_PEAK_LIMIT
+
+    def load_note(self) -> str:
+        return (
+            f"other processes {self.foreign_cpu:.0%} of the CPU (peak second "
+            f"{self.foreign_peak:.0%}){', a vLLM process existed' if self.servers_seen else ''}"
+        )
 
 
-#: a run during which other processes used more than this fraction of the machine's CPU (on
-#: average) is measured again: the gate's quality is a property of the gate, not of a neighbour
+#: a run during which other processes used more than this fraction of the machine's CPU on
+#: average, or more than FOREIGN_PEAK_LIMIT in any one second, is measured again: the gate's
+#: quality is a property of the gate, not of a neighbour (the simulator shares the pytest
+#: process, so a busy CPU looks like a slower server)
 FOREIGN_CPU_LIMIT = 0.15
+FOREIGN_PEAK_LIMIT = 0.5
 
 
 def endpoint(args: argparse.Namespace, speed: float, seed: int) -> str:
@@ -135,6 +146,7 @@ def pytest_argv(args: argparse.Namespace, speed: float, seed: int, *extra: str) 
         f"--llm-concurrency={args.concurrency}",
         f"--llm-duration={args.duration:g}",
         f"--llm-max-output={args.max_output}",
+        f"--llm-prefill-repeats={args.prefill_repeats}",
         *extra,
     ]  # fmt: skip
 
@@ -146,33 +158,54 @@ def _busy_cpu_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+def _process_cpu_seconds(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_pytest(argv: list[str], folder: Path) -> Run:
-    """Run one pytest session; measure its own CPU and everybody else's while it ran."""
+    """Run one pytest session; measure its own CPU and everybody else's while it ran (on
+    average, and the busiest second)."""
     folder.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMSPEED_", "PYTEST_"))}
     env.pop("GITHUB_STEP_SUMMARY", None)
     seen = threading.Event()
     done = threading.Event()
+    peak = [0.0]
+    ncpu = os.cpu_count() or 1
 
-    def watch() -> None:
+    def watch(pid: int) -> None:
+        last = (time.perf_counter(), _busy_cpu_seconds(), _process_cpu_seconds(pid))
+        tick = 0
         while not done.wait(1.0):
-            if other_servers():
+            now = (time.perf_counter(), _busy_cpu_seconds(), _process_cpu_seconds(pid))
+            if now[2] is None or last[2] is None:
+                break
+            foreign = (now[1] - last[1] - (now[2] - last[2])) / ((now[0] - last[0]) * ncpu)
+            peak[0] = max(peak[0], foreign)
+            last = now
+            tick += 1
+            if tick % 2 == 0 and other_servers():
                 seen.set()
 
-    watcher = threading.Thread(target=watch, daemon=True)
     log = folder / "output.txt"
     busy0, start = _busy_cpu_seconds(), time.perf_counter()
     with log.open("w") as out:
         proc = subprocess.Popen(argv, cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT)
+        watcher = threading.Thread(target=watch, args=(proc.pid,), daemon=True)
         watcher.start()
         _, status, usage = os.wait4(proc.pid, 0)
     seconds, busy = time.perf_counter() - start, _busy_cpu_seconds() - busy0
     done.set()
     watcher.join()
     own = usage.ru_utime + usage.ru_stime
-    foreign = max(0.0, busy - own) / (seconds * (os.cpu_count() or 1))
     run = Run(0.0, 0, os.waitstatus_to_exitcode(status), seconds, output=log.read_text())
-    run.foreign_cpu, run.servers_seen = foreign, seen.is_set() or bool(other_servers())
+    run.foreign_cpu = max(0.0, busy - own) / (seconds * ncpu)
+    run.foreign_peak = peak[0]
+    run.servers_seen = seen.is_set() or bool(other_servers())
     return run
 
 
@@ -205,15 +238,16 @@ def cpu_in_use(seconds: float = 1.0) -> float:
     return (_busy_cpu_seconds() - busy0) / (elapsed * (os.cpu_count() or 1))
 
 
-def wait_idle(limit: float, quiet_for: float = 3.0) -> float:
-    """Wait (at most limit seconds) until no vLLM process runs and other processes have used
-    less than FOREIGN_CPU_LIMIT of the CPU for quiet_for seconds; returns the seconds waited."""
+def wait_idle(limit: float, quiet_for: float = 3.0, no_servers: bool = False) -> float:
+    """Wait (at most limit seconds) until other processes have used less than
+    FOREIGN_CPU_LIMIT of the CPU for quiet_for seconds (and, with no_servers, no vLLM process
+    exists); returns the seconds waited."""
     start = time.monotonic()
     said = -math.inf
     quiet = 0.0
     while time.monotonic() - start < limit and quiet < quiet_for:
         servers, busy = other_servers(), cpu_in_use()
-        if not servers and busy < FOREIGN_CPU_LIMIT:
+        if not (no_servers and servers) and busy < FOREIGN_CPU_LIMIT:
             quiet += 1.0
             continue
         quiet = 0.0
@@ -404,6 +438,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-output", type=int, default=512)
     ap.add_argument("--confirm", type=int, default=1, help="--llm-confirm of the gating runs")
     ap.add_argument(
+        "--prefill-repeats",
+        type=int,
+        default=5,
+        help="--llm-prefill-repeats of every run (default 5; 1 = one cold request per prefill "
+        "cell, the shared protocol's definition)",
+    )
+    ap.add_argument(
         "--tolerance",
         type=float,
         default=None,
@@ -414,15 +455,17 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=1200,
         metavar="SECONDS",
-        help="before every run, wait at most this long until no vLLM process runs and other "
-        f"processes use less than {FOREIGN_CPU_LIMIT:.0%} of the CPU (default 1200)",
+        help="before every run, wait at most this long until other processes use less than "
+        f"{FOREIGN_CPU_LIMIT * 100:.0f}%% of the CPU (before the baseline run also: no vLLM "
+        "process); default 1200",
     )
     ap.add_argument(
         "--retries",
         type=int,
         default=3,
-        help="measure a disturbed run again (a vLLM process appeared, or other processes used "
-        f"over {FOREIGN_CPU_LIMIT:.0%} of the CPU), at most this many times (default 3)",
+        help="measure a disturbed run again (other processes used over "
+        f"{FOREIGN_CPU_LIMIT * 100:.0f}%% of the CPU on average or "
+        f"{FOREIGN_PEAK_LIMIT * 100:.0f}%% in one second), at most this many times (default 3)",
     )
     ap.add_argument("--markdown", type=Path, help="also write the summary to this file")
     ap.add_argument("--keep", type=Path, help="keep every run's folder under this directory")
@@ -437,9 +480,11 @@ def main(argv: list[str] | None = None) -> int:
     work = args.keep or Path(tempfile.mkdtemp(prefix="gate-noise-"))
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    waited = wait_idle(args.wait_idle, quiet_for=15)
+    waited = wait_idle(args.wait_idle, quiet_for=15, no_servers=True)
     load_before = loadavg()
     foreign: list[float] = []
+    peaks: list[float] = []
+    with_servers = 0
     disturbed: list[str] = []
     try:
         baseline = work / "baseline.toml"
@@ -451,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
             if not save.disturbed or _ == args.retries:
                 break
             print("  the baseline run was disturbed by other processes: again", flush=True)
-            waited += wait_idle(args.wait_idle, quiet_for=15)
+            waited += wait_idle(args.wait_idle, quiet_for=15, no_servers=True)
         if save.exit_code != 0 or not baseline.exists():
             print(save.output, file=sys.stderr)
             print(f"the baseline run failed (exit code {save.exit_code})", file=sys.stderr)
@@ -462,8 +507,7 @@ def main(argv: list[str] | None = None) -> int:
             baseline.write_text(text)
         print(
             f"baseline: {endpoint(args, args.base_speed, args.seed)}, {save.seconds:.1f} s, "
-            f"other processes {save.foreign_cpu:.0%} of the CPU"
-            f"{', vLLM running' if save.servers_seen else ''} -> {baseline}",
+            f"{save.load_note()} -> {baseline}",
             flush=True,
         )
         if save.disturbed:
@@ -486,17 +530,11 @@ def main(argv: list[str] | None = None) -> int:
                 waited += wait_idle(args.wait_idle)
                 run = gate_run(args, work, baseline, factor, seed)
                 failed = sum(c["baseline"] == "regressed" for c in run.cells)
-                note = ""
-                if run.disturbed:
-                    note = (
-                        f", DISTURBED (other processes {run.foreign_cpu:.0%} of the CPU"
-                        f"{', vLLM running' if run.servers_seen else ''})"
-                    )
                 print(
                     f"[{done}/{len(jobs)}] factor {factor:g} seed {seed}: exit "
                     f"{run.exit_code}, {failed}/{len(run.cells)} cells failed, "
-                    f"{run.seconds:.1f} s, other processes {run.foreign_cpu:.0%} of the CPU"
-                    f"{note}",
+                    f"{run.seconds:.1f} s, {run.load_note()}"
+                    f"{', DISTURBED: measured again' if run.disturbed else ''}",
                     flush=True,
                 )
                 if not run.disturbed or attempt == args.retries:
@@ -504,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
                 disturbed.append(f"factor {factor:g} seed {seed}: {failed} cells failed")
             runs[factor].append(run)
             foreign.append(run.foreign_cpu)
+            peaks.append(run.foreign_peak)
+            with_servers += run.servers_seen
             if run.exit_code not in (0, 1) or not run.cells:
                 print(run.output[-3000:], file=sys.stderr)
     finally:
@@ -515,16 +555,23 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python benchmarks/gate_noise.py "
         + " ".join(sys.argv[1:] if argv is None else argv),
         "matrix": f"{args.profile}, contexts {args.contexts}, concurrency {args.concurrency}, "
-        f"{args.duration:g} s windows, max output {args.max_output}",
+        f"{args.duration:g} s windows, max output {args.max_output}, prefill repeats "
+        f"{args.prefill_repeats}",
         "baseline": endpoint(args, args.base_speed, args.seed),
         "confirm": args.confirm,
         "wall time": f"{time.time() - started:.0f} s (of which waiting for an idle machine "
         f"{waited:.0f} s)",
         "load average (1, 5, 15 min) before the baseline run": load_before,
-        "other processes' CPU during the baseline run": f"{save.foreign_cpu:.1%}",
-        "other processes' CPU during the kept gating runs": (
-            f"median {statistics.median(foreign):.1%}, max {max(foreign):.1%}" if foreign else "-"
+        "other processes' CPU during the baseline run": save.load_note().removeprefix(
+            "other processes "
         ),
+        "other processes' CPU during the kept gating runs": (
+            f"median {statistics.median(foreign):.1%}, max {max(foreign):.1%}; busiest second "
+            f"median {statistics.median(peaks):.1%}, max {max(peaks):.1%}"
+            if foreign
+            else "-"
+        ),
+        "kept runs during which a vLLM process existed": with_servers,
         "kept runs disturbed": sum(r.disturbed for rs in runs.values() for r in rs),
         "disturbed runs measured again (not counted)": (
             f"{len(disturbed)} ({'; '.join(disturbed)})" if disturbed else 0
