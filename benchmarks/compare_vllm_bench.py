@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -366,6 +367,23 @@ def co_sent(sends: list[float], within_s: float = 0.02) -> float:
     return float(np.mean(hi - lo))
 
 
+def ttft_by_bunch(sends: list[float], ttfts_ms: list[float], n: int,
+                  within_s: float = 0.02) -> dict[str, Any]:
+    """Median TTFT of the requests sent together with all N − 1 others (within ``within_s``)
+    and of the rest: the same arrival shape in both tools, so these compare like with like."""
+    t = np.asarray(sends)
+    together, apart = [], []
+    for send, ttft in zip(sends, ttfts_ms, strict=True):
+        k = int(np.sum(np.abs(t - send) <= within_s))
+        (together if k >= n else apart).append(ttft)
+    return {
+        "together_ms": _median(together),
+        "together_n": len(together),
+        "apart_ms": _median(apart),
+        "apart_n": len(apart),
+    }  # fmt: skip
+
+
 def _pcts(values: list[float]) -> list[float]:
     return [round(float(x), 1) for x in np.percentile(values, [10, 50, 90])] if values else []
 
@@ -412,6 +430,9 @@ def decode_row(
             "means": plugin_means(res.records),
             "stalled": stalled([r.token_times for r in res.records]),
             "co_sent": co_sent([r.t_send for r in res.records]),
+            "bunch": ttft_by_bunch(
+                [r.t_send for r in res.records if r.token_times], p_ttft, n
+            ),
             "ttft_p10_50_90": _pcts(p_ttft),
             "client_cores": sampler.cores("plugin", p0, p1),
             "server_cores": sampler.cores("server", p0, p1),
@@ -441,6 +462,9 @@ def decode_row(
             "token_count_mismatch": mismatched,
             "stalled": stalled([list(t.token_times) for t in traces]),
             "co_sent": co_sent([t.t_send for t in traces]),
+            "bunch": ttft_by_bunch(
+                list(vb["start_times"]), [x * 1e3 for x in vb["ttfts"]], n
+            ),
             "ttft_p10_50_90": _pcts([x * 1e3 for x in vb["ttfts"]]),
             "client_cores": sampler.cores(vllm_key, w0, w1),
             "server_cores": sampler.cores("server", w0, w1),
@@ -510,6 +534,67 @@ def main_table(prefill: dict[str, Any], rows: list[list[dict[str, Any]]]) -> lis
                  median_of(reps, "vllm", "itl_ms"), 2),
         ]  # fmt: skip
     return out
+
+
+#: figures the issue asks the two tools to agree on: (label, plugin path, vllm path, digits)
+PAIRED = (
+    ("TTFT median, ms", ("plugin", "ttft_ms"), ("vllm", "ttft_ms"), 1),
+    ("time between tokens, ms (plugin TBT / vllm TPOT)", ("plugin", "tbt_ms"),
+     ("vllm", "tpot_ms"), 2),
+    ("output tok/s (plugin window / vllm output_throughput)", ("plugin", "total_tok_s"),
+     ("vllm", "output_throughput"), 1),
+)  # fmt: skip
+AGREE = 0.05
+
+
+def _get(r: dict[str, Any], path: tuple[str, ...]) -> float | None:
+    v: Any = r
+    for key in path:
+        v = v[key]
+    return v
+
+
+def paired_table(rows: list[list[dict[str, Any]]]) -> list[str]:
+    """The two tools' runs of one pair ran back to back on the same server: the ratio within a
+    pair cancels the server's drift between pairs (seen: ±20 % on this machine); the median of
+    the pairs' ratios is the comparison."""
+    out = [
+        "| cell | figure | plugin ÷ vllm, each pair | median of the pairs | within "
+        f"{AGREE:.0%} |",
+        "| --- | --- | --- | ---: | --- |",
+    ]
+    for reps in rows:
+        for label, a, b, _ in PAIRED:
+            ratios = [
+                _get(r, a) / _get(r, b) for r in reps if _get(r, a) and _get(r, b)
+            ]
+            if not ratios:
+                continue
+            out.append(_paired_row(reps[0]["n"], label, ratios))
+        if reps[0]["n"] == 1 or any("bunch" not in r["plugin"] for r in reps):
+            continue
+        for key, what in (("together", "sent with all N − 1 others"), ("apart", "the rest")):
+            ratios, counts = [], []
+            for r in reps:
+                pb, vb = r["plugin"]["bunch"], r["vllm"]["bunch"]
+                counts.append(f"{pb[key + '_n']}/{vb[key + '_n']}")
+                if pb[key + "_ms"] and vb[key + "_ms"]:
+                    ratios.append(pb[key + "_ms"] / vb[key + "_ms"])
+            if not ratios:
+                continue
+            label = (
+                f"TTFT median of the requests {what} (requests per pair, plugin/vllm: "
+                f"{', '.join(counts)})"
+            )
+            out.append(_paired_row(reps[0]["n"], label, ratios))
+    return out
+
+
+def _paired_row(n: int, label: str, ratios: list[float]) -> str:
+    med = float(np.median(ratios))
+    each = ", ".join(f"{x - 1:+.1%}" for x in ratios)
+    verdict = "yes" if abs(med - 1) <= AGREE else "no"
+    return f"| decode c={n} | {label} | {each} | {med - 1:+.1%} | {verdict} |"
 
 
 def definition_table(rows: list[list[dict[str, Any]]]) -> list[str]:
@@ -804,7 +889,11 @@ def render(meta: dict[str, Any], prefill: dict[str, Any], by_n: list[list[dict]]
         f"--num-prompts max(16, {a['rounds']}·N)`; its cold prefill: `--random-prefix-len 0 "
         f"--random-input-len {c} --random-output-len 1 --max-concurrency 1 --num-prompts "
         f"{a['prefill_prompts']}`. {a['repeats']} runs per N, the two tools' runs back to back, "
-        f"the first alternating. {vllm_fields}",
+        f"the first alternating"
+        + (f", after {a['warm_up']:g} s of load at N in flight (a plugin cell on a prefix of its "
+           "own, not measured) so that neither tool starts on an idle server"
+           if a.get("warm_up") else "")
+        + f". {vllm_fields}",
         "",
         f"The machine is shared: every run started after other processes had used < "
         f"{max_other:g} cores for 3 s ({meta['waited_s']:.0f} s waited in all); a pair during "
@@ -823,6 +912,14 @@ def render(meta: dict[str, Any], prefill: dict[str, Any], by_n: list[list[dict]]
         "## Each tool's own figures",
         "",
         *main_table(prefill, kept),
+        "",
+        "## Paired runs",
+        "",
+        "Each pair is one run of each tool, back to back (the first alternating); the server's",
+        "speed drifts between pairs on this machine far more than between the two runs of a",
+        "pair, so the median of the pairs' ratios is how far the tools differ.",
+        "",
+        *paired_table(kept),
         "",
         "## Two definitions over the same requests",
         "",
@@ -861,13 +958,18 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1024, help="C, prompt tokens")
     ap.add_argument("--max-output", type=int, default=256, help="M, output tokens per request")
     ap.add_argument("--concurrency", default="1,8", help="N values, comma-separated")
-    ap.add_argument("--duration", type=float, default=25.0, help="D, the plugin's window (s)")
-    ap.add_argument("--rounds", type=int, default=12, help="vllm prompts = rounds × N (≥ 16)")
+    ap.add_argument("--duration", type=float, default=15.0, help="D, the plugin's window (s)")
+    ap.add_argument("--rounds", type=int, default=8, help="vllm prompts = rounds × N (≥ 16)")
     ap.add_argument("--prefill-prompts", type=int, default=9, help="vllm cold-prefill prompts")
     ap.add_argument(
         "--prefill-cells", type=int, default=5, help="plugin prefill cells (fresh runs)"
     )
-    ap.add_argument("--repeats", type=int, default=3, help="runs per N (medians reported)")
+    ap.add_argument("--repeats", type=int, default=6, help="pairs of runs per N")
+    ap.add_argument(
+        "--warm-up", type=float, default=4.0,
+        help="seconds of load at N in flight (a plugin decode cell, not measured) right before "
+        "each pair, so neither tool meets a server that just sat idle (0: none)",
+    )  # fmt: skip
     ap.add_argument(
         "--server-nice", type=int, default=10,
         help="autogroup nice of the server's session (0: leave it); see set_server_priority",
@@ -979,12 +1081,18 @@ def main() -> None:
               f"{vb_pre['median_ttft_ms']:.1f} ms", flush=True)  # fmt: skip
         rows: dict[int, list[dict[str, Any]]] = {n: [] for n in ns}
         cmds: dict[int, list[str]] = {}
+        warm = None
+        if args.warm_up > 0:
+            warm = Bench(dataclasses.replace(cfg, duration=args.warm_up))
+            warm.start()
         for rep in range(args.repeats):
             # alternate which tool goes first, so a drift of the server does not favour one
             plugin_first = rep % 2 == 0
             for n in ns if plugin_first else ns[::-1]:
                 for attempt in range(args.retries + 1):
                     waited += wait_quiet(quiet_pids, args.quiet_wait, args.max_other)
+                    if warm is not None:
+                        warm.decode(c, n)
                     seed += 1
                     name = f"c{n}-r{rep + 1}" + (f"-a{attempt + 1}" if attempt else "")
                     row = run_pair(
@@ -1003,6 +1111,8 @@ def main() -> None:
                           flush=True)  # fmt: skip
                 rows[n].append(row)
         bench.close()
+        if warm is not None:
+            warm.close()
         sampler.stop()
     finally:
         servers.stop_all()
