@@ -20,18 +20,21 @@ of value / reference at factor 1.0, so a false-failure rate can be traced to its
 
 Usage (from the repository root):
 
-    python benchmarks/gate_noise.py                      # defaults: about 15 minutes
+    python benchmarks/gate_noise.py                      # defaults: about 25 minutes
+    python benchmarks/gate_noise.py --profile tiny --contexts 1K,4K   # short, noisy prefills
     python benchmarks/gate_noise.py --runs 30,10,12 --factors 1.0,0.95,0.9 --tolerance 0.05
     python benchmarks/gate_noise.py --runs 2 --factors 1.0,0.9 --wait-idle 0   # a smoke run
 
-The machine must be quiet: the simulator runs inside the pytest process, so other processes'
-CPU shows up as a slower server. The benchmark waits (``--wait-idle``) for a quiet CPU (and no
-vLLM process before the baseline run), measures the CPU other processes use during each run
-(on average and in its busiest second), and measures a disturbed run again (``--retries``);
+The machine must be quiet: the simulator runs on this machine (a child process of each pytest
+run), so other processes' CPU shows up as a slower server. The benchmark waits
+(``--wait-idle``) for a quiet CPU (and no vLLM process before the baseline run), measures the
+CPU other processes use during each run (on average and in its busiest second), and measures a
+disturbed run again (``--retries``);
 the summary says how many runs that took and the load they ran under.
 
 Options of the matrix: --profile, --base-speed, --noise, --contexts, --concurrency, --duration,
---max-output, --confirm, --tolerance (rewrites the baseline's default tolerance).
+--max-output, --confirm, --prefill-repeats, --tolerance (rewrites the baseline's default
+tolerance).
 ``--markdown PATH`` also writes the summary as Markdown; ``--keep DIR`` keeps every run's folder
 (its ``results.json`` and ``output.txt``).
 """
@@ -418,7 +421,11 @@ def main(argv: list[str] | None = None) -> int:
         default="1.0,0.95,0.9",
         help="speed factors relative to the baseline's speed (default 1.0,0.95,0.9)",
     )
-    ap.add_argument("--profile", default="tiny")
+    ap.add_argument(
+        "--profile",
+        default="h200-qwen3.5-27b-int4",
+        help="simulator profile (default: the reference H200 profile at speed 1, real timings)",
+    )
     ap.add_argument(
         "--base-speed",
         type=float,
@@ -432,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="seed of the baseline run; gating runs use seed+1, seed+2, ...",
     )
-    ap.add_argument("--contexts", default="1K,4K")
+    ap.add_argument("--contexts", default="8K,16K")
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--duration", type=float, default=2.0)
     ap.add_argument("--max-output", type=int, default=512)
@@ -440,8 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--prefill-repeats",
         type=int,
-        default=5,
-        help="--llm-prefill-repeats of every run (default 5; 1 = one cold request per prefill "
+        default=1,
+        help="--llm-prefill-repeats of every run (default 1: one cold request per prefill "
         "cell, the shared protocol's definition)",
     )
     ap.add_argument(
