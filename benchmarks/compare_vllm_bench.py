@@ -199,6 +199,14 @@ def server_pids(servers: _Servers) -> list[int]:
 # --- vllm bench serve -----------------------------------------------------------------------
 
 
+#: which API both tools measure (``--api``): the plugin's ``--llm-api`` and vllm's backend
+VLLM_BACKENDS = {
+    "completions": ["--backend", "vllm"],
+    "chat": ["--backend", "openai-chat", "--endpoint", "/v1/chat/completions"],
+}
+API = {"name": "completions"}
+
+
 def vllm_bench(
     server: VllmServer,
     out_dir: Path,
@@ -223,7 +231,7 @@ def vllm_bench(
     process under the key ``vllm-<name>``."""
     python = vllm_home() / "venv" / "bin" / "python"
     args = [
-        "bench", "serve", "--backend", "vllm", "--base-url", server.url,
+        "bench", "serve", *VLLM_BACKENDS[API["name"]], "--base-url", server.url,
         "--model", server.model, "--tokenizer", str(server.model_dir),
         "--dataset-name", "random", "--random-prefix-len", str(prefix_len),
         "--random-input-len", str(input_len), "--random-output-len", str(output_len),
@@ -880,6 +888,11 @@ def render(meta: dict[str, Any], prefill: dict[str, Any], by_n: list[list[dict]]
         f"`tests/vllm_server.py`; one server for every run. Server session's CPU priority: "
         f"{meta['priority']} (`--server-nice`).",
         "",
+        f"API: {a.get('api', 'completions')} ("
+        + ("both tools send text through the chat template: `--llm-api chat`, vllm "
+           "`--backend openai-chat`" if a.get("api") == "chat" else
+           "the plugin sends token ids, vllm text: `--backend vllm`")
+        + "). "
         f"Workload: C = {c} prompt tokens, M = {m} output tokens, `ignore_eos`. Plugin: "
         f"{a['prefill_cells']} prefill cells (each in a fresh run, so on a new prefix), then "
         f"decode cells of D = {a['duration']:g} s (shared prefix of {c - SUFFIX} tokens, "
@@ -956,6 +969,11 @@ def render(meta: dict[str, Any], prefill: dict[str, Any], by_n: list[list[dict]]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", type=int, default=1024, help="C, prompt tokens")
+    ap.add_argument(
+        "--api", choices=sorted(VLLM_BACKENDS), default="completions",
+        help="completions (plugin: token-id prompts; vllm: text) or chat (both: text through "
+        "the chat template)",
+    )  # fmt: skip
     ap.add_argument("--max-output", type=int, default=256, help="M, output tokens per request")
     ap.add_argument("--concurrency", default="1,8", help="N values, comma-separated")
     ap.add_argument("--duration", type=float, default=15.0, help="D, the plugin's window (s)")
@@ -994,6 +1012,7 @@ def main() -> None:
         help="only rewrite --out from a comparison.json of an earlier run",
     )  # fmt: skip
     args = ap.parse_args()
+    API["name"] = args.api
     if args.from_json:
         saved = json.loads(args.from_json.read_text())
         args.out.write_text("\n".join(render(saved["meta"], saved["prefill"], saved["rows"])))
@@ -1034,7 +1053,7 @@ def main() -> None:
                 break
             disturbed += 1
         cfg = BenchConfig(
-            base_url=server.url, api_key=None, model=server.model, api="completions",
+            base_url=server.url, api_key=None, model=server.model, api=args.api,
             max_output=m, duration=args.duration, timeout=300.0, kv_capacity=None,
         )  # fmt: skip
         bench = Bench(cfg)

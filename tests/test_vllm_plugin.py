@@ -77,3 +77,19 @@ def test_wrong_api_key_on_real_vllm(pytester, vllm_server):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: pytest-llmspeed: API key rejected by*"])
     assert "not-the-key" not in result.stderr.str() + result.stdout.str()
+
+
+def test_chat_api_on_real_vllm_sizes_prompts_exactly(pytester, vllm_server):
+    # the tiny model's byte-level vocabulary splits words into several tokens: the chat prompt
+    # must still come out at exactly C tokens (the plugin checks usage.prompt_tokens)
+    server = vllm_server()
+    result = run_plugin(pytester, server, contexts="1K,4K", concurrency="1,4",
+                        extra=("--llm-api=chat",))  # fmt: skip
+    result.assert_outcomes(passed=4)
+    cells = {c["id"]: c for c in json.loads((pytester.path / "out.json").read_text())["cells"]}
+    assert {cid for cid, c in cells.items() if c["phase"] == "prefill"} == {
+        "prefill[1K]",
+        "prefill[4K]",
+    }
+    for cid in ("decode[1K-c1]", "decode[1K-c4]", "decode[4K-c1]", "decode[4K-c4]"):
+        assert cells[cid]["status"] == "valid" and cells[cid]["output_tokens"] > 0, cid

@@ -28,6 +28,9 @@ _SEED_TEXT = (
     "engine kernel tensor matrix vector scalar cache token prompt decode prefill batch stream "
 )
 
+#: short pieces that close the last few tokens of a chat prompt (each adds one token or two)
+_FILLERS = (" a", ".", " 1", "a", "1", ",", " x", "-", " the")
+
 _WORDS = [
     "river",
     "mountain",
@@ -163,7 +166,12 @@ class PromptFactory:
         return len(await self._tokenize(messages=[{"role": "user", "content": content}]))
 
     async def _fit(self, head: str, target: int, rng: random.Random, sep: str) -> str:
-        """``head`` + words so that the chat prompt has exactly ``target`` tokens."""
+        """``head`` + words so that the chat prompt has exactly ``target`` tokens.
+
+        Words first, to get close; then, from below, short fillers whose token count the
+        server's ``/tokenize`` tells: a word can be two tokens or more (small byte-level
+        vocabularies), so words alone may step over an odd target again and again.
+        """
         base = await self._count_chat(head)
         if base > target:
             raise PromptError(f"chat template alone exceeds {target} tokens")
@@ -174,8 +182,8 @@ class PromptFactory:
 
         count = await self._count_chat(text())
         for _ in range(16):
-            if count == target:
-                return text()
+            if count == target or (count < target and target - count <= 8):
+                break
             per_word = (count - base) / len(words) if words else 1.0
             step = round((target - count) / max(per_word, 0.5))
             if step == 0:
@@ -185,6 +193,20 @@ class PromptFactory:
             else:
                 del words[step:]
             count = await self._count_chat(text())
+        while count > target and words:  # from below, so that fillers can close the gap
+            del words[-1]
+            count = await self._count_chat(text())
+        body, tail = text(), ""
+        while count < target:
+            for filler in _FILLERS:
+                got = await self._count_chat(body + tail + filler)
+                if count < got <= target:
+                    tail, count = tail + filler, got
+                    break
+            else:
+                break
+        if count == target:
+            return body + tail
         raise PromptError(
             f"could not size a chat prompt to exactly {target} tokens with /tokenize "
             f"(got {count}); use --llm-api=completions"
