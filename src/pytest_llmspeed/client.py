@@ -19,6 +19,8 @@ import aiohttp
 
 #: aiohttp read buffer: large enough for long responses without line-length limits.
 READ_BUFSIZE = 4 * 1024 * 1024
+#: seconds an idle pooled connection is kept (below uvicorn's 5 s keep-alive timeout)
+KEEPALIVE_S = 4.0
 
 
 class LLMSpeedError(Exception):
@@ -61,7 +63,11 @@ class Connection:
     @classmethod
     def open(cls, base_url: str, api_key: str | None, timeout: float) -> Connection:
         """Create inside the event loop that will use it."""
-        connector = aiohttp.TCPConnector(limit=0, force_close=False, enable_cleanup_closed=True)
+        # Idle pooled connections are dropped after KEEPALIVE_S, before the server's own
+        # keep-alive timeout (uvicorn, under vLLM and SGLang: 5 s) closes them under a request.
+        connector = aiohttp.TCPConnector(
+            limit=0, force_close=False, enable_cleanup_closed=True, keepalive_timeout=KEEPALIVE_S
+        )
         session = aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=None, connect=timeout, sock_read=timeout),
@@ -93,10 +99,25 @@ class Connection:
 
         await asyncio.gather(*(one() for _ in range(n)))
 
+    async def send(self, method: str, path: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        """Send a request; returns once the response headers are in (use it as ``async with``).
+
+        A pooled keep-alive connection the server closed while it sat idle fails at once
+        (disconnected, or "Can not write request body"): the request is sent again, once, on a
+        new connection. Nothing reached the server, so this is not a retry of a request the
+        server saw; a refused connection (server down) is not retried."""
+        for attempt in (0, 1):
+            try:
+                return await self.session.request(method, self.url(path), **kwargs)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if attempt or isinstance(exc, aiohttp.ClientConnectorError):
+                    raise
+        raise AssertionError("unreachable")
+
     async def get(self, path: str) -> tuple[int, str]:
         """GET a path; returns (status, body text). Connection problems → ServerUnreachable."""
         try:
-            async with self.session.get(self.url(path), headers=self.headers) as resp:
+            async with await self.send("GET", path, headers=self.headers) as resp:
                 return resp.status, await resp.text()
         except (TimeoutError, aiohttp.ClientConnectionError, OSError) as exc:
             raise ServerUnreachable(self._unreachable(exc)) from None
@@ -104,9 +125,7 @@ class Connection:
     async def post_json(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
         """POST JSON, return the JSON answer; HTTP errors → RequestRejected / AuthError."""
         try:
-            async with self.session.post(
-                self.url(path), json=payload, headers=self.headers
-            ) as resp:
+            async with await self.send("POST", path, json=payload, headers=self.headers) as resp:
                 body = await resp.text()
                 if resp.status != 200:
                     raise self._http_error(resp.status, body)
@@ -327,7 +346,7 @@ async def stream_request(
     clock = time.perf_counter
     try:
         rec.t_send = clock()
-        async with conn.session.post(conn.url(path), **kwargs) as resp:
+        async with await conn.send("POST", path, **kwargs) as resp:
             rec.status = resp.status
             if resp.status != 200:
                 body = await resp.text()
