@@ -78,7 +78,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "prefill-repeats",
         "cold requests per prefill cell, each on a fresh prefix; the cell's TTFT is their "
-        "median (more steady prefill floors for a gate)",
+        "median",
         default="1",
     ),
     Option("max-output", "max_tokens of every decode request", default="4096"),
