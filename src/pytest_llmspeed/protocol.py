@@ -23,7 +23,7 @@ from .client import (
     account_tokens,
     stream_request,
 )
-from .probe import MetricsSnapshot, read_metrics, snapshot
+from .probe import SNAPSHOT_FAMILIES, MetricsSnapshot, read_metrics, snapshot
 from .prompts import PromptFactory
 from .stats import DecodeStats, RequestTrace, decode_stats, prompt_tok_s
 
@@ -323,7 +323,7 @@ async def _wait_idle(conn: Connection, timeout: float) -> bool:
 
 async def _metrics(conn: Connection) -> MetricsSnapshot | None:
     try:
-        samples = await read_metrics(conn)
+        samples = await read_metrics(conn, SNAPSHOT_FAMILIES)
     except LLMSpeedError:
         return None
     return snapshot(samples) if samples else None
