@@ -59,7 +59,7 @@ from pytest_llmspeed.bench import Bench, BenchConfig  # noqa: E402
 from pytest_llmspeed.client import StreamRecord  # noqa: E402
 from pytest_llmspeed.protocol import DecodeResult, request_fields  # noqa: E402
 from pytest_llmspeed.stats import DecodeStats, RequestTrace, decode_stats  # noqa: E402
-from tests.vllm_server import VllmServer, _Servers, vllm_home  # noqa: E402
+from tests.vllm_server import VllmServer, _Servers, offline_env, vllm_home  # noqa: E402
 
 SUFFIX = 32  # the plugin's unique suffix (prompts.SUFFIX_TOKENS)
 STALL_S = 0.3  # a gap between two chunks this long counts the request as stalled
@@ -241,16 +241,7 @@ def vllm_bench(
     ]  # fmt: skip
     if extra_body:
         args += ["--extra-body", json.dumps(extra_body)]
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "PYTHONNOUSERSITE": "1",
-    }
-    env.pop("PYTHONPATH", None)
+    env = offline_env(dict(os.environ))
     log = out_dir / f"{name}.log"
     stop = threading.Event()
 

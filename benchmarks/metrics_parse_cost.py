@@ -23,13 +23,14 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from pytest_llmspeed.probe import SNAPSHOT_FAMILIES, parse_metrics, snapshot  # noqa: E402
+from tests.vllm_server import offline_env, vllm_home  # noqa: E402
 
 
 def main() -> None:
-    home = Path(os.environ.get("LLMSPEED_VLLM_HOME", "~/.cache/pytest-llmspeed/vllm")).expanduser()
+    home = vllm_home()
     python, model = home / "venv" / "bin" / "python", home / "model"
     if not python.exists() or not model.exists():
         sys.exit("real vLLM is not set up: run `python scripts/setup_vllm.py`")
@@ -43,8 +44,7 @@ def main() -> None:
         "--max-model-len", "20480", "--kv-cache-memory-bytes", str(128 << 20),
         "--disable-uvicorn-access-log",
     ]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-    env.pop("PYTHONPATH", None)
+    env = offline_env(dict(os.environ))
     with open(os.devnull, "wb") as sink:
         proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=sink, start_new_session=True)
     try:

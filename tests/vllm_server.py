@@ -147,6 +147,22 @@ def _kill_group(proc: subprocess.Popen[bytes], grace_s: float = 20.0) -> None:
             proc.stdin.close()
 
 
+def offline_env(base: dict[str, str]) -> dict[str, str]:
+    """``base`` for a process of vLLM's environment: no hub, no telemetry, no user site, and
+    none of the test tree's modules (no PYTHONPATH)."""
+    env = {
+        **base,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "PYTHONNOUSERSITE": "1",
+    }
+    env.pop("PYTHONPATH", None)
+    return env
+
+
 class _Servers:
     """Starts servers on demand, one per argument set, and stops them all at the end."""
 
@@ -202,17 +218,10 @@ class _Servers:
         if api_key:
             cmd += ["--api-key", api_key]
         env = {
-            **self.environ,
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "HF_DATASETS_OFFLINE": "1",
-            "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1",
-            "PYTHONNOUSERSITE": "1",
+            **offline_env(self.environ),
             "VIRTUAL_ENV": str(python.parent.parent),
             "PATH": f"{python.parent}{os.pathsep}{self.environ.get('PATH', '')}",
         }
-        env.pop("PYTHONPATH", None)  # keep the test tree's modules out of the server
         t0 = time.monotonic()
         with log_path.open("wb") as log:
             shown = " ".join("***" if api_key and arg == api_key else arg for arg in cmd)

@@ -106,13 +106,12 @@ class Connection:
         (disconnected, or "Can not write request body"): the request is sent again, once, on a
         new connection. Nothing reached the server, so this is not a retry of a request the
         server saw; a refused connection (server down) is not retried."""
-        for attempt in (0, 1):
-            try:
-                return await self.session.request(method, self.url(path), **kwargs)
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                if attempt or isinstance(exc, aiohttp.ClientConnectorError):
-                    raise
-        raise AssertionError("unreachable")
+        try:
+            return await self.session.request(method, self.url(path), **kwargs)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                raise
+        return await self.session.request(method, self.url(path), **kwargs)
 
     async def get(self, path: str) -> tuple[int, str]:
         """GET a path; returns (status, body text). Connection problems → ServerUnreachable."""

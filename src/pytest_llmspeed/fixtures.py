@@ -130,8 +130,7 @@ class CellRunner:
             result = self.run.bench.prefill_again(prefix.tokens, prefix.prefill.max_tokens)
             return R.prefill_record(prefix.param, result)
 
-        samples = record.get("samples", {}).get("ttft_ms") or [record["ttft_ms"]]
-        return self._finish(record, again, samples_ms=samples)
+        return self._finish(record, again, samples_ms=record["samples"]["ttft_ms"])
 
     def decode(self, prefix: WarmPrefix, concurrency: int) -> dict[str, Any]:
         """Run the sustained-decode cell (prefix context, concurrency); fail on errors or on a

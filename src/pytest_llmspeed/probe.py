@@ -60,8 +60,8 @@ SNAPSHOT_FAMILIES = frozenset(
 def only_families(text: str, families: frozenset[str]) -> str:
     """The lines of a Prometheus text that belong to ``families`` (samples and their # HELP /
     # TYPE lines). vLLM's /metrics is ~50 KB of histograms; prometheus_client parses it in
-    ~20 ms of CPU, which a decode cell's once-a-second sample would take from a server that
-    shares the machine (measured: docs/peer-comparison.md). Filtering first costs ~0.2 ms."""
+    14-19 ms of CPU, which a decode cell's once-a-second sample would take from a server that
+    shares the machine; filtered, 0.5 ms (benchmarks/metrics_parse_cost.py)."""
     keep = []
     for line in text.splitlines():
         if line.startswith("#"):

@@ -182,7 +182,7 @@ class PromptFactory:
 
         count = await self._count_chat(text())
         for _ in range(16):
-            if count == target or (count < target and target - count <= 8):
+            if 0 <= target - count <= 8:  # close enough: fillers do the rest, from below
                 break
             per_word = (count - base) / len(words) if words else 1.0
             step = round((target - count) / max(per_word, 0.5))

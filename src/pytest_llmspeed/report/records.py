@@ -30,6 +30,7 @@ def cell_name(phase: str, context: int | str, concurrency: int | None = None) ->
 
 
 def prefill_record(param: int | str, result: PrefillResult) -> dict[str, Any]:
+    samples = result.samples_ms or (result.ttft_ms,)
     return {
         "id": cell_name("prefill", param),
         "phase": "prefill",
@@ -40,10 +41,10 @@ def prefill_record(param: int | str, result: PrefillResult) -> dict[str, Any]:
         "status": VALID,
         "prompt_tok_s": round(result.prompt_tok_s, 2),
         "ttft_ms": round(result.ttft_ms, 2),
-        "completed": max(1, len(result.samples_ms)),
+        "completed": len(samples),
         "max_tokens": result.max_tokens,
-        "repeats": max(1, len(result.samples_ms)),
-        "samples": {"ttft_ms": [round(x, 2) for x in result.samples_ms or (result.ttft_ms,)]},
+        "repeats": len(samples),
+        "samples": {"ttft_ms": [round(x, 2) for x in samples]},
     }
 
 
