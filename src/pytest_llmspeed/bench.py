@@ -54,7 +54,13 @@ class Bench:
     prefills: dict[int, PrefillResult] = field(default_factory=dict)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self.runner.run(coro)
+        result = self.runner.run(coro)
+        # On Ctrl-C, asyncio.Runner cancels the task and raises KeyboardInterrupt only if the
+        # cancellation comes back out; one absorbed on the way (Python 3.11's wait_for can,
+        # when its inner future finishes at the same moment) would let the run go on.
+        if getattr(self.runner, "_interrupt_count", 0):
+            raise KeyboardInterrupt
+        return result
 
     def start(self) -> ServerInfo:
         """Connect, probe the server and negotiate the request dialect."""
