@@ -1,7 +1,16 @@
 """The measurement core against the simulator's own record of what it sent (`/sim/trace`).
 
-The simulator runs in this process, so its emission times and the client's arrival times come
-from the same ``time.perf_counter`` clock.
+The simulator runs in a child process, as a real server would (its own interpreter, so it does
+not share the client's GIL and garbage collector). On Linux ``time.perf_counter`` reads
+CLOCK_MONOTONIC, one clock for every process, so its stamps and the client's compare directly.
+
+TTFT as METRICS.md defines it includes the request's trip (client write, loopback, the
+server's front end before it stamps arrival), which the server's own record leaves out: 2-6 ms
+for 8K-token bodies sent eight at a time on this 2-core machine, 12 ms once under CI load. With
+the reference profile at speed 1 an 8K cell's TTFT is ~150 ms, so that trip alone is up to 8 %.
+These tests check the protocol's accounting, not loopback, so the simulated GPU runs at half
+speed (TTFT ~300 ms): the trip stays well inside the 5 % they assert (measured: plugin / server
+record 1.004-1.032 over 18 runs at c=8, 8 of them beside a busy core).
 """
 
 import json
@@ -13,14 +22,15 @@ from pytest_llmspeed.client import Connection
 from pytest_llmspeed.probe import probe
 from pytest_llmspeed.prompts import PromptFactory
 from pytest_llmspeed.protocol import negotiate, run_decode, run_prefill
-from pytest_llmspeed.sim import SimOptions, running_simulator
+from pytest_llmspeed.sim import SimOptions, running_simulator_process
 
 pytestmark = pytest.mark.asyncio
 
 
 @pytest.fixture(scope="module")
 def reference_sim():
-    with running_simulator(SimOptions(profile="h200-qwen3.5-27b-int4", speed=1.0)) as url:
+    options = SimOptions(profile="h200-qwen3.5-27b-int4", speed=0.5)
+    with running_simulator_process(options) as url:
         yield url
 
 
