@@ -1,0 +1,350 @@
+"""The plugin and `vllm bench serve` on one real vLLM server at the same time.
+
+Why: `compare_vllm_bench.py` runs the two tools one after the other. On a 2-core machine
+the CPU server's own speed moved by up to 20 % between two back-to-back runs (its own
+histograms say so), so a 5 % agreement between tools cannot be read from sequential runs.
+Here both tools drive the server at once, each with N streams in flight: their requests
+share the engine's steps, so whatever the server does, it does to both. What is left between
+the two tools' figures is the tools (client, timing, definitions) and the shape of their
+arrivals.
+
+Each round: the plugin's decode cell starts (its own protocol: N streams restarted at once,
+`run_decode` without its idle wait and /metrics reads, since the server is busy with the
+other tool on purpose); a moment later `vllm bench serve` runs N-concurrency requests
+(random dataset with a shared prefix of C − 32 tokens and 32 new ones, M outputs,
+`ignore_eos`, the plugin's `min_tokens` and `stream_options`). The span compared is the time
+when both were at N in flight: the plugin's window ∩ vllm's steady part (from its first N
+first tokens to the first end after its last send). Over that span, the same definitions on
+each tool's own requests:
+
+- TTFT: median over the requests sent inside the span;
+- TBT: median of (t_last − t_first)/(n − 1) over requests whose first and last token fall
+  inside the span (vllm's TPOT is this formula);
+- tok/s: tokens whose chunk arrived inside the span / its length.
+
+vllm's own reported figures (`median_ttft_ms`, `median_tpot_ms`, `output_throughput`, over
+its whole run, every moment of which the plugin was also running) are shown beside them.
+
+    python benchmarks/side_by_side_vllm_bench.py            # c = 1 and 8, 5 rounds each
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import json
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location(
+    "compare_vllm_bench", ROOT / "benchmarks" / "compare_vllm_bench.py"
+)
+assert _spec is not None and _spec.loader is not None
+cmp = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = cmp
+_spec.loader.exec_module(cmp)
+
+from pytest_llmspeed.bench import Bench, BenchConfig  # noqa: E402
+from pytest_llmspeed.protocol import request_fields, run_decode  # noqa: E402
+from tests.vllm_server import _Servers, vllm_home  # noqa: E402
+
+FIGURES = ("ttft_ms", "tbt_ms", "tok_s")
+LABELS = {
+    "ttft_ms": "TTFT median, ms",
+    "tbt_ms": "time between tokens, ms",
+    "tok_s": "output tok/s",
+}
+
+
+def span_figures(
+    requests: list[tuple[float, list[float], list[int]]], s0: float, s1: float
+) -> dict[str, float | None]:
+    """One tool's requests, (t_send, token times, tokens per chunk), over the span [s0, s1)."""
+    ttfts, tbts = [], []
+    tokens = 0
+    for t_send, times, counts in requests:
+        if not times:
+            continue
+        if s0 <= t_send < s1:
+            ttfts.append((times[0] - t_send) * 1e3)
+        total = sum(counts)
+        if total >= 2 and times[0] >= s0 and times[-1] < s1 and times[-1] > times[0]:
+            tbts.append((times[-1] - times[0]) / (total - 1) * 1e3)
+        tokens += sum(c for t, c in zip(times, counts, strict=True) if s0 <= t < s1)
+    return {
+        "ttft_ms": float(np.median(ttfts)) if ttfts else None,
+        "tbt_ms": float(np.median(tbts)) if tbts else None,
+        "tok_s": tokens / (s1 - s0),
+        "ttft_n": len(ttfts),
+        "tbt_n": len(tbts),
+    }
+
+
+def one_round(
+    bench: Bench,
+    server: Any,
+    work: Path,
+    name: str,
+    n: int,
+    *,
+    context: int,
+    output_len: int,
+    prompts: int,
+    plugin_s: float,
+    delay_s: float,
+    seed: int,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """The plugin's decode cell with a ``vllm bench serve`` run inside it."""
+    got: dict[str, Any] = {}
+
+    def vllm() -> None:
+        time.sleep(delay_s)
+        got["launched"] = time.perf_counter()
+        try:
+            got["vb"], got["cmd"] = cmp.vllm_bench(
+                server, work, name, prefix_len=context - cmp.SUFFIX, input_len=cmp.SUFFIX,
+                output_len=output_len, concurrency=n, prompts=prompts, seed=seed,
+                extra_body=extra,
+            )  # fmt: skip
+        except SystemExit as exc:  # vllm_bench exits with its log's tail
+            got["error"] = str(exc)
+
+    thread = threading.Thread(target=vllm, daemon=True)
+    thread.start()
+    assert bench.conn and bench.factory and bench.dialect and bench.server
+    cell = run_decode(
+        bench.conn, bench.factory, bench.dialect, bench.server.model, context, n,
+        output_len, plugin_s, watch_metrics=False,
+    )  # fmt: skip
+    res = bench.run(cell)
+    thread.join()
+    if "error" in got:
+        sys.exit(got["error"])
+    if res.aborted:
+        sys.exit(f"plugin decode c={n} aborted: {res.aborted}")
+    vb = got["vb"]
+    traces, _ = cmp.vllm_traces(vb)
+    vw0, vw1 = cmp.vllm_window(traces, n)
+    pw0, pw1 = res.window
+    s0, s1 = max(vw0, pw0), min(vw1, pw1)
+    v_start = min(vb["start_times"])
+    v_end = max(a + b for a, b in zip(vb["start_times"], vb["latencies"], strict=True))
+    row: dict[str, Any] = {
+        "name": name,
+        "n": n,
+        "span_s": s1 - s0,
+        "vllm_run_s": v_end - v_start,
+        "vllm_startup_s": v_start - got["launched"],
+        "vllm_inside_plugin": pw0 <= v_start and v_end <= pw1,
+        "cmd": got["cmd"],
+    }
+    if s1 - s0 < 1.0:
+        row["short"] = True
+        return row
+    plugin_reqs = [(r.t_send, r.token_times, r.token_counts) for r in res.records]
+    vllm_reqs = [(t.t_send, list(t.token_times), list(t.token_counts)) for t in traces]
+    row["plugin"] = span_figures(plugin_reqs, s0, s1)
+    row["vllm"] = span_figures(vllm_reqs, s0, s1)
+    row["plugin_cell"] = {
+        "ttft_ms": res.stats.ttft_ms,
+        "tbt_ms": res.stats.tbt_ms,
+        "tok_s": res.stats.total_tok_s,
+    }
+    row["vllm_own"] = {
+        "ttft_ms": vb["median_ttft_ms"],
+        "tbt_ms": vb["median_tpot_ms"],
+        "tok_s": vb["output_throughput"],
+    }
+    row["co_sent"] = {
+        "plugin": cmp.co_sent([r[0] for r in plugin_reqs]),
+        "vllm": cmp.co_sent([r[0] for r in vllm_reqs]),
+    }
+    p, v = row["plugin"], row["vllm"]
+    print(
+        f"[side-by-side] {name}: span {s1 - s0:.1f} s; TTFT {p['ttft_ms']:.1f} vs "
+        f"{v['ttft_ms']:.1f} ms (vllm's own {vb['median_ttft_ms']:.1f}); TBT {p['tbt_ms']:.3f} vs "
+        f"{v['tbt_ms']:.3f} ms (vllm's TPOT {vb['median_tpot_ms']:.3f}); tok/s "
+        f"{p['tok_s']:.1f} vs {v['tok_s']:.1f}; co-sent {row['co_sent']['plugin']:.2f} vs "
+        f"{row['co_sent']['vllm']:.2f}",
+        flush=True,
+    )
+    return row
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a ÷ b − 1 in percent."""
+    return None if a is None or b is None or b == 0 else (a / b - 1) * 100
+
+
+def ratios(rows: list[dict[str, Any]], other: str, f: str) -> tuple[list[float], float | None]:
+    """plugin ÷ ``other`` − 1 (percent) of figure ``f`` in each round, and their median."""
+    rr = [ratio(r["plugin"][f], r[other][f]) for r in rows if "plugin" in r]
+    rr = [x for x in rr if x is not None]
+    return rr, (float(np.median(rr)) if rr else None)
+
+
+def render(meta: dict[str, Any], rows: dict[int, list[dict[str, Any]]]) -> list[str]:
+    pc = cmp.fmt_pct
+    out = [
+        "# Plugin and `vllm bench serve` side by side on one real vLLM server",
+        "",
+        "Written by `benchmarks/side_by_side_vllm_bench.py` (its docstring says how); why "
+        "and how it differs from the sequential comparison: `docs/peer-comparison.md`.",
+        "",
+        f"Command: `{meta['cmd']}` ({meta['elapsed_s'] / 60:.1f} min)",
+        "",
+        f"Date: {meta['date']}. Machine: {meta['cpus']} cores ({meta['machine']}), loopback. "
+        f"Server: vLLM {meta['versions'].get('vllm', '?')} CPU build, the tiny model of "
+        f"`scripts/setup_vllm.py`, `--stream-interval 1`; server session priority: "
+        f"{meta['priority']}. C = {meta['context']}, M = {meta['max_output']}; vllm's "
+        "requests carry the plugin's `min_tokens` and `stream_options`.",
+        "",
+        "## Agreement (median over rounds of plugin ÷ vllm − 1, same definitions, same span)",
+        "",
+        "| N | figure | each round | median | within 5 % |",
+        "| --- | --- | --- | ---: | --- |",
+    ]
+    for n, rs in rows.items():
+        for f in FIGURES:
+            rr, med = ratios(rs, "vllm", f)
+            within = "—" if med is None else ("yes" if abs(med) <= 5 else "no")
+            out.append(
+                f"| {n} | {LABELS[f]} | {', '.join(pc(x) for x in rr)} | {pc(med)} | {within} |"
+            )
+    out += [
+        "",
+        "## Against vllm's own report (its whole run, all of it beside the plugin)",
+        "",
+        "| N | figure | plugin over the span ÷ vllm's reported figure − 1, each round | median |",
+        "| --- | --- | --- | ---: |",
+    ]
+    for n, rs in rows.items():
+        for f in FIGURES:
+            rr, med = ratios(rs, "vllm_own", f)
+            out.append(f"| {n} | {LABELS[f]} | {', '.join(pc(x) for x in rr)} | {pc(med)} |")
+    out += [
+        "",
+        "## Every round",
+        "",
+        "| round | span s | vllm run s | inside plugin's window | plugin TTFT / TBT / tok/s | "
+        "vllm (same definitions) | vllm's own report | requests sent with all N − 1 others, "
+        "plugin / vllm |",
+        "| --- | ---: | ---: | --- | --- | --- | --- | --- |",
+    ]
+    for rs in rows.values():
+        for r in rs:
+            if "plugin" not in r:
+                out.append(f"| {r['name']} | {r['span_s']:.1f} | {r['vllm_run_s']:.1f} | "
+                           f"{r['vllm_inside_plugin']} | span too short | | | |")  # fmt: skip
+                continue
+
+            def trio(d: dict[str, Any]) -> str:
+                f = cmp.fmt
+                return f"{f(d['ttft_ms'])} / {f(d['tbt_ms'], 3)} / {f(d['tok_s'])}"
+
+            out.append(
+                f"| {r['name']} | {r['span_s']:.1f} | {r['vllm_run_s']:.1f} | "
+                f"{r['vllm_inside_plugin']} | {trio(r['plugin'])} | {trio(r['vllm'])} | "
+                f"{trio(r['vllm_own'])} | {r['co_sent']['plugin']:.2f} / "
+                f"{r['co_sent']['vllm']:.2f} |"
+            )
+    out += ["", "vllm command (last round):", "", "    " + shlex.join(meta["vllm_cmd"]), ""]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--context", type=int, default=1024, help="C, prompt tokens")
+    ap.add_argument("--max-output", type=int, default=256, help="M, output tokens")
+    ap.add_argument("--concurrency", default="1,8", help="N values, comma-separated")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds per N")
+    ap.add_argument("--vllm-seconds", type=float, default=12.0, help="target vllm run length")
+    ap.add_argument("--delay", type=float, default=2.0, help="s between the two tools' starts")
+    ap.add_argument("--server-nice", type=int, default=10, help="as compare_vllm_bench.py")
+    ap.add_argument(
+        "--out", type=Path, default=ROOT / "benchmarks/results/vllm_bench_side_by_side.md"
+    )
+    ap.add_argument("--work-dir", type=Path, default=None, help="keep logs and JSON here")
+    args = ap.parse_args()
+    ns = [int(x) for x in args.concurrency.split(",")]
+    c, m = args.context, args.max_output
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="llmspeed-side-by-side-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"[side-by-side] logs and JSON under {work}", flush=True)
+    t_start = time.monotonic()
+    servers = _Servers(work)
+    rows: dict[int, list[dict[str, Any]]] = {n: [] for n in ns}
+    try:
+        server = servers(stream_interval=1)
+        priority = cmp.set_server_priority(servers, args.server_nice)
+        cfg = BenchConfig(
+            base_url=server.url, api_key=None, model=server.model, api="completions",
+            max_output=m, duration=1.0, timeout=300.0, kv_capacity=None,
+        )  # fmt: skip
+        bench = Bench(cfg)
+        bench.start()
+        bench.prefill(c, 16)  # warms the plugin's shared prefix P(C)
+        assert bench.dialect is not None
+        fields = request_fields(server.model, m, bench.dialect)
+        extra = {k: v for k, v in fields.items() if k in ("min_tokens", "stream_options")}
+        seed = 2000
+        # vllm's run length per prompt, learnt from each round, sizes the next one
+        per_prompt_s: dict[int, float] = {}
+        startup_s = 20.0  # vllm's CLI imports torch before its first request; learnt below
+        for rnd in range(args.rounds):
+            for n in ns if rnd % 2 == 0 else ns[::-1]:
+                seed += 1
+                guess = per_prompt_s.get(n, 1.0 if n == 1 else 0.3)
+                prompts = max(2 * n, round(args.vllm_seconds / guess))
+                prompts = (prompts + n - 1) // n * n
+                # the plugin's window must outlast vllm's run: vllm starts `delay` s in, takes
+                # `startup_s` to import, then sends one readiness request and its prompts
+                plugin_s = args.delay + startup_s + 1.5 * prompts * guess + 4.0
+                row = one_round(
+                    bench, server, work, f"c{n}-r{rnd + 1}", n, context=c, output_len=m,
+                    prompts=prompts, plugin_s=plugin_s, delay_s=args.delay, seed=seed,
+                    extra=extra,
+                )  # fmt: skip
+                per_prompt_s[n] = row["vllm_run_s"] / prompts
+                startup_s = row["vllm_startup_s"] + 2.0
+                rows[n].append(row)
+        bench.close()
+    finally:
+        servers.stop_all()
+    versions = json.loads((vllm_home() / "setup.json").read_text())["versions"]
+    meta = {
+        "cmd": "python "
+        + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, ROOT), *sys.argv[1:]]),
+        "elapsed_s": time.monotonic() - t_start,
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "versions": versions,
+        "priority": priority,
+        "context": c,
+        "max_output": m,
+        "vllm_cmd": rows[ns[-1]][-1]["cmd"],
+    }
+    (work / "side_by_side.json").write_text(
+        json.dumps({"meta": meta, "rows": rows}, indent=1, default=str)
+    )
+    md = render(meta, rows)
+    print("\n".join(md))
+    args.out.write_text("\n".join(md))
+    print(f"[side-by-side] wrote {args.out} ({meta['elapsed_s'] / 60:.1f} min)")
+
+
+if __name__ == "__main__":
+    main()
