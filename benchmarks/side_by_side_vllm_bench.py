@@ -188,15 +188,23 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else (a / b - 1) * 100
 
 
-def ratios(rows: list[dict[str, Any]], other: str, f: str) -> tuple[list[float], float | None]:
-    """plugin ÷ ``other`` − 1 (percent) of figure ``f`` in each round, and their median."""
-    rr = [ratio(r["plugin"][f], r[other][f]) for r in rows if "plugin" in r]
-    rr = [x for x in rr if x is not None]
-    return rr, (float(np.median(rr)) if rr else None)
+def ratio_rows(rows: dict[int, list[dict[str, Any]]], other: str, verdict: bool) -> list[str]:
+    """Table rows: plugin ÷ ``other`` − 1 (percent) of each figure in each round, the median,
+    and with ``verdict`` whether that median is within 5 %."""
+    out = []
+    for n, rs in rows.items():
+        for f in FIGURES:
+            rr = [ratio(r["plugin"][f], r[other][f]) for r in rs if "plugin" in r]
+            rr = [x for x in rr if x is not None]
+            med = float(np.median(rr)) if rr else None
+            cells = [str(n), LABELS[f], ", ".join(map(cmp.fmt_pct, rr)), cmp.fmt_pct(med)]
+            if verdict:
+                cells.append("—" if med is None else ("yes" if abs(med) <= 5 else "no"))
+            out.append("| " + " | ".join(cells) + " |")
+    return out
 
 
 def render(meta: dict[str, Any], rows: dict[int, list[dict[str, Any]]]) -> list[str]:
-    pc = cmp.fmt_pct
     out = [
         "# Plugin and `vllm bench serve` side by side on one real vLLM server",
         "",
@@ -216,13 +224,7 @@ def render(meta: dict[str, Any], rows: dict[int, list[dict[str, Any]]]) -> list[
         "| N | figure | each round | median | within 5 % |",
         "| --- | --- | --- | ---: | --- |",
     ]
-    for n, rs in rows.items():
-        for f in FIGURES:
-            rr, med = ratios(rs, "vllm", f)
-            within = "—" if med is None else ("yes" if abs(med) <= 5 else "no")
-            out.append(
-                f"| {n} | {LABELS[f]} | {', '.join(pc(x) for x in rr)} | {pc(med)} | {within} |"
-            )
+    out += ratio_rows(rows, "vllm", verdict=True)
     out += [
         "",
         "## Against vllm's own report (its whole run, all of it beside the plugin)",
@@ -230,10 +232,7 @@ def render(meta: dict[str, Any], rows: dict[int, list[dict[str, Any]]]) -> list[
         "| N | figure | plugin over the span ÷ vllm's reported figure − 1, each round | median |",
         "| --- | --- | --- | ---: |",
     ]
-    for n, rs in rows.items():
-        for f in FIGURES:
-            rr, med = ratios(rs, "vllm_own", f)
-            out.append(f"| {n} | {LABELS[f]} | {', '.join(pc(x) for x in rr)} | {pc(med)} |")
+    out += ratio_rows(rows, "vllm_own", verdict=False)
     out += [
         "",
         "## Every round",
