@@ -61,6 +61,7 @@ def test_help_lists_every_option(pytester):
         (["--llm-contexts=8X"], "--llm-contexts='8X': context '8X' is not a token count*"),
         (["--llm-concurrency=1,0"], "--llm-concurrency='1,0': concurrency '0' is not a whole*"),
         (["--llm-api=grpc"], "--llm-api='grpc': choose one of completions, chat"),
+        (["--llm-prompt-form=words"], "--llm-prompt-form='words': choose one of ids, text"),
         (["--llm-max-output=many"], "--llm-max-output='many': must be a whole number*"),
         (["--llm-max-error-rate=2"], "--llm-max-error-rate='2': must be a fraction*"),
         (["--llm-prefill-repeats=0"], "--llm-prefill-repeats='0': must be a whole number of*"),

@@ -25,7 +25,7 @@ NAMES = {
     "tbt_ms": "time between tokens ms",
 }
 #: run settings that make two runs comparable
-COMPARABLE = ("model", "api", "max_output", "duration_s")
+COMPARABLE = ("model", "api", "prompt_form", "max_output", "duration_s")
 DEFAULT_TOLERANCE = 0.05
 
 _CELL_RE = re.compile(r"^(prefill\[(\d+K?|max)\]|decode\[(\d+K?|max)-c([1-9]\d*)\])$")

@@ -39,6 +39,7 @@ class BenchConfig:
     timeout: float
     kv_capacity: int | None
     prefill_repeats: int = 1  # cold requests per prefill cell; the figure is their median
+    text_prompts: bool = False  # completions prompts as text sized with /tokenize, not ids
 
 
 @dataclass
@@ -72,7 +73,9 @@ class Bench:
         cfg = self.config
         self.conn = Connection.open(cfg.base_url, cfg.api_key, cfg.timeout)
         self.server = await probe(self.conn, cfg.model, cfg.kv_capacity)
-        self.factory = PromptFactory(self.conn, self.server.model, api=cfg.api)
+        self.factory = PromptFactory(
+            self.conn, self.server.model, api=cfg.api, text=cfg.text_prompts
+        )
         self.dialect = await negotiate(self.conn, self.factory, self.server.model, cfg.api)
 
     def close(self) -> None:
@@ -118,7 +121,12 @@ class Bench:
         """One cold request at ``context`` on a prefix never sent before (a fresh salt)."""
         assert self.conn and self.factory and self.dialect and self.server
         factory = PromptFactory(
-            self.conn, self.server.model, api=self.factory.api, _pool=self.factory._pool
+            self.conn,
+            self.server.model,
+            api=self.factory.api,
+            text=self.factory.text,
+            _pool=self.factory._pool,
+            _slot_words=self.factory._slot_words,
         )
         return self.run(
             run_prefill(self.conn, factory, self.dialect, self.server.model, context, max_tokens)

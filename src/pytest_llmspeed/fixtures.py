@@ -158,6 +158,13 @@ class CellRunner:
             problem = None
             if result.aborted:
                 record["status"], problem = R.ERROR, result.aborted
+            elif result.wrong_lengths:
+                record["status"] = R.FAILED
+                problem = (
+                    f"the server counted other prompt lengths than {result.context} tokens: "
+                    + ", ".join(f"{k:,} ({v}×)" for k, v in sorted(result.wrong_lengths.items()))
+                    + "; the figures would be for other prompts (try --llm-prompt-form=ids)"
+                )
             elif result.error_rate > self.run.settings.max_error_rate:
                 record["status"] = R.FAILED
                 problem = (

@@ -1,8 +1,10 @@
 """Exact-length prompts, sized by the server's own tokenizer (never a downloaded one).
 
 Completions API: prompts are token ids drawn from ids the server's ``/tokenize`` returned, so
-their length is exact by construction. Chat API: text sized with ``/tokenize`` (with the chat
-template applied), then checked against ``usage.prompt_tokens`` by the protocol.
+their length is exact by construction; or, with ``text=True`` (``--llm-prompt-form=text``), text
+sized with ``/tokenize``, for servers that take no token ids and to send what text-only peers
+send. Chat API: text sized with ``/tokenize`` (with the chat template applied). Text prompts are
+checked against ``usage.prompt_tokens`` by the protocol.
 
 Every run draws a fresh salt, so no run reuses a cache left by an earlier one. Requests of one
 context share a prefix P(C) of C − s tokens and end in a unique suffix of s tokens.
@@ -113,16 +115,34 @@ class Prompt:
 
 @dataclass
 class PromptFactory:
-    """Builds the prompts of one run (one salt) for one API (``completions`` or ``chat``)."""
+    """Builds the prompts of one run (one salt) for one API (``completions`` or ``chat``).
+
+    ``text``: completions prompts as text (sized with ``/tokenize``) instead of token ids;
+    chat prompts are always text.
+    """
 
     conn: Connection
     model: str
     api: str = "completions"
+    text: bool = False
     salt: int = field(default_factory=lambda: int.from_bytes(os.urandom(8), "big"))
     suffix_tokens: int = SUFFIX_TOKENS
     _pool: list[int] = field(default_factory=list)
     _prefix_ids: dict[int, tuple[list[int], bytes]] = field(default_factory=dict)
     _prefix_text: dict[int, str] = field(default_factory=dict)
+    _slot_words: tuple[list[str], int] | None = None
+    _templates: dict[int, tuple[str, int] | None] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def uses_ids(self) -> bool:
+        """Prompts are token ids: a new one costs no request to the server."""
+        return self.api == "completions" and not self.text
+
+    def cheap(self, context: int) -> bool:
+        """A new unique prompt at ``context`` costs no request to the server (token ids, or
+        text whose template is built): a decode cell makes a fresh one for every restart."""
+        return self.uses_ids or self._templates.get(context) is not None
 
     async def _tokenize(self, **body: Any) -> list[int]:
         body.setdefault("model", self.model)
@@ -147,7 +167,7 @@ class PromptFactory:
     async def prompt(self, context: int, index: int) -> Prompt:
         """Prompt ``index`` at ``context`` tokens: shared prefix P(C) + unique suffix."""
         s = min(self.suffix_tokens, max(context - 1, 0))
-        if self.api == "completions":
+        if self.uses_ids:
             pool = await self.id_pool()
             if context not in self._prefix_ids:
                 prefix_rng = self._rng(context)
@@ -157,30 +177,36 @@ class PromptFactory:
             suffix_rng = self._rng(context, index + 1)
             suffix = [suffix_rng.choice(pool) for _ in range(s)]
             return Prompt({"prompt": ids + suffix}, context, encoded, suffix)
-        text = await self._chat_text(context, index)
+        text = await self._text(context, index)
+        if self.api == "completions":
+            return Prompt({"prompt": text}, context)
         return Prompt({"messages": [{"role": "user", "content": text}]}, context)
 
-    # -- chat: size text with /tokenize ---------------------------------------------------
+    # -- text prompts: sized with /tokenize ---------------------------------------------------
 
-    async def _count_chat(self, content: str) -> int:
+    async def _count(self, content: str) -> int:
+        """Prompt tokens of ``content`` as the server counts them in ``usage.prompt_tokens``:
+        with the chat template for chat, with the special tokens (BOS) for completions."""
+        if self.api == "completions":
+            return len(await self._tokenize(prompt=content))
         return len(await self._tokenize(messages=[{"role": "user", "content": content}]))
 
     async def _fit(self, head: str, target: int, rng: random.Random, sep: str) -> str:
-        """``head`` + words so that the chat prompt has exactly ``target`` tokens.
+        """``head`` + words so that the prompt has exactly ``target`` tokens.
 
         Words first, to get close; then, from below, short fillers whose token count the
         server's ``/tokenize`` tells: a word can be two tokens or more (small byte-level
         vocabularies), so words alone may step over an odd target again and again.
         """
-        base = await self._count_chat(head)
+        base = await self._count(head)
         if base > target:
-            raise PromptError(f"chat template alone exceeds {target} tokens")
+            raise PromptError(f"the prompt's head alone exceeds {target} tokens")
         words = [rng.choice(_WORDS) for _ in range(max(0, target - base) // 2)]
 
         def text() -> str:
             return head + (sep + " ".join(words) if words else "")
 
-        count = await self._count_chat(text())
+        count = await self._count(text())
         for _ in range(16):
             if 0 <= target - count <= 8:  # close enough: fillers do the rest, from below
                 break
@@ -192,14 +218,14 @@ class PromptFactory:
                 words.extend(rng.choice(_WORDS) for _ in range(step))
             else:
                 del words[step:]
-            count = await self._count_chat(text())
+            count = await self._count(text())
         while count > target and words:  # from below, so that fillers can close the gap
             del words[-1]
-            count = await self._count_chat(text())
+            count = await self._count(text())
         body, tail = text(), ""
         while count < target:
             for filler in _FILLERS:
-                got = await self._count_chat(body + tail + filler)
+                got = await self._count(body + tail + filler)
                 if count < got <= target:
                     tail, count = tail + filler, got
                     break
@@ -207,17 +233,88 @@ class PromptFactory:
                 break
         if count == target:
             return body + tail
+        fix = "--llm-prompt-form=ids" if self.api == "completions" else "--llm-api=completions"
         raise PromptError(
-            f"could not size a chat prompt to exactly {target} tokens with /tokenize "
-            f"(got {count}); use --llm-api=completions"
+            f"could not size a text prompt to exactly {target} tokens with /tokenize "
+            f"(got {count}); use {fix}"
         )
 
-    async def _chat_text(self, context: int, index: int) -> str:
+    async def slot_words(self) -> tuple[list[str], int]:
+        """Words that each add the same number of tokens after a space, and that number.
+
+        Swapping one of them for another keeps a prompt's length, with the tokenizers that split
+        words at spaces before merging (BPE of GPT-2, Llama 3, Qwen; SentencePiece): so one
+        prompt sized with /tokenize gives any number of unique prompts of the same length."""
+        if self._slot_words is None:
+            groups: dict[int, list[str]] = {}
+            for word in _WORDS:
+                n = len(await self._tokenize(prompt=" " + word, add_special_tokens=False))
+                groups.setdefault(n, []).append(word)
+            per, words = max(groups.items(), key=lambda kv: (len(kv[1]), -kv[0]))
+            self._slot_words = (words if len(words) >= 8 else [], per)
+        return self._slot_words
+
+    async def _prefix(self, context: int) -> str:
+        """P(C) as text: the run's salt, then words, sized to C − s tokens."""
         s = min(self.suffix_tokens, max(context - 8, 0))
         if context not in self._prefix_text:
             rng = self._rng(context)
             head = f"run {self.salt % 10**8}:"
             self._prefix_text[context] = await self._fit(head, context - s, rng, " ")
-        return await self._fit(
-            self._prefix_text[context] + "\n", context, self._rng(context, index + 1), ""
-        )
+        return self._prefix_text[context]
+
+    async def _template(self, context: int) -> tuple[str, int] | None:
+        """P(C), a newline and fillers: the head of every text prompt at ``context``, and the
+        number k of slot words that close it to exactly ``context`` tokens; None if the
+        tokenizer does not count the slot words additively there (four random choices)."""
+        if context in self._templates:
+            return self._templates[context]
+        words, per = await self.slot_words()
+        head = await self._prefix(context) + "\n"
+        template = None
+        base = await self._count(head)
+        k = (context - base) // per if words else 0
+        if k >= 1:
+            rng = self._rng(context, -1)
+            choices = [[rng.choice(words) for _ in range(k)] for _ in range(4)]
+            fill = await self._close(head, "".join(" " + w for w in choices[0]), context)
+            if fill is not None:
+                counts = [
+                    await self._count(head + fill + "".join(" " + w for w in c))
+                    for c in choices[1:]
+                ]
+                if counts == [context] * 3:
+                    template = (head + fill, k)
+        if template is None:
+            self.notes.append(
+                f"text prompts at {context} tokens: the server's tokenizer does not count "
+                "words additively, so each decode cell reuses its 2N + 8 prompts in turn (a "
+                "repeated prompt may hit the prefix cache)"
+            )
+        self._templates[context] = template
+        return template
+
+    async def _close(self, head: str, tail: str, target: int) -> str | None:
+        """Fillers between ``head`` and ``tail`` so that the prompt has ``target`` tokens."""
+        fill = ""
+        count = await self._count(head + tail)
+        while count < target:
+            for filler in _FILLERS:
+                got = await self._count(head + fill + filler + tail)
+                if count < got <= target:
+                    fill, count = fill + filler, got
+                    break
+            else:
+                return None
+        return fill if count == target else None
+
+    async def _text(self, context: int, index: int) -> str:
+        """Text prompt ``index``: the template + slot words drawn for this index (unique),
+        or, where there is no template, a suffix sized with /tokenize on its own."""
+        template = await self._template(context)
+        rng = self._rng(context, index + 1)
+        if template is not None:
+            head, k = template
+            words, _ = await self.slot_words()
+            return head + "".join(" " + rng.choice(words) for _ in range(k))
+        return await self._fit(await self._prefix(context) + "\n", context, rng, "")

@@ -56,10 +56,31 @@ def request_fields(model: str, max_tokens: int, dialect: Dialect) -> dict[str, A
 
 
 async def negotiate(conn: Connection, factory: PromptFactory, model: str, api: str) -> Dialect:
-    """Find which optional request fields the server accepts (HTTP 400/422 → drop them)."""
+    """Find which optional request fields the server accepts (HTTP 400/422 → drop them).
+
+    A server that refuses even the plain request while the prompt is token ids is asked again
+    with text prompts (``factory.text`` is set): some OpenAI-compatible servers take text only.
+    """
+    dialect, rec = await _negotiate_fields(conn, factory, model, api)
+    if rec.error and rec.status in (400, 422) and api == "completions" and not factory.text:
+        factory.text = True
+        dialect, rec = await _negotiate_fields(conn, factory, model, api)
+        if not rec.error:
+            dialect.notes.insert(
+                0, "server rejected token-id prompts: prompts sent as text sized with /tokenize"
+            )
+    if rec.error:
+        raise LLMSpeedError(f"a first small {api} request failed: {rec.error}")
+    return dialect
+
+
+async def _negotiate_fields(
+    conn: Connection, factory: PromptFactory, model: str, api: str
+) -> tuple[Dialect, StreamRecord]:
+    """The dialect and the last small request: all optional fields, then fewer on 400/422."""
     dialect = Dialect(api=api)
     prompt = await factory.prompt(64, -1)
-    for _ in range(3):
+    while True:
         rec = await stream_request(
             conn, dialect.path, prompt.encode(request_fields(model, 2, dialect))
         )
@@ -67,7 +88,7 @@ async def negotiate(conn: Connection, factory: PromptFactory, model: str, api: s
             account_tokens(rec)
             if not rec.usage_per_chunk and dialect.stream_options:
                 dialect.notes.append("tokens: chunk-count (the server sends no per-chunk usage)")
-            return dialect
+            return dialect, rec
         if rec.status in (400, 422) and dialect.vendor_fields:
             dialect.vendor_fields = False
             dialect.notes.append(
@@ -77,8 +98,7 @@ async def negotiate(conn: Connection, factory: PromptFactory, model: str, api: s
             dialect.stream_options = False
             dialect.notes.append("server rejected stream_options: tokens: chunk-count (estimate)")
         else:
-            raise LLMSpeedError(f"a first small {api} request failed: {rec.error}")
-    raise LLMSpeedError(f"a first small {api} request failed: {rec.error}")
+            return dialect, rec
 
 
 @dataclass
@@ -163,6 +183,8 @@ class DecodeResult:
     received_span: tuple[int, int] | None = None
     window: tuple[float, float] = (0.0, 0.0)  # perf_counter times the window opened and closed
     received_chunks: int = 0  # token-carrying chunks of all streams
+    # prompt lengths the server counted (usage.prompt_tokens) that were not C: {tokens: requests}
+    wrong_lengths: dict[int, int] = field(default_factory=dict)
     records: list[StreamRecord] = field(default_factory=list, repr=False)
 
     @property
@@ -194,8 +216,10 @@ async def run_decode(
     aborted: str | None = None
     fields = request_fields(model, max_output, dialect)
     # Build the first requests before any stream starts: request preparation must not delay
-    # the writes of streams already started (their TTFT clock is running). Chat prompts are
-    # sized with /tokenize, so they are all built here and reused in turn.
+    # the writes of streams already started (their TTFT clock is running). After these, every
+    # restart gets a fresh unique prompt where that costs no round trip to the server (token
+    # ids; text from its template); else (a tokenizer that defeats the template, a note says
+    # so) the pool is reused in turn, since a restart must not wait for /tokenize.
     pool_size = 2 * n + 8
     bodies = [(await factory.prompt(context, i)).encode(fields) for i in range(1, pool_size + 1)]
     loop = asyncio.get_running_loop()
@@ -216,7 +240,7 @@ async def run_decode(
         nonlocal counter, consecutive_fail, aborted
         while not stopping:
             counter += 1
-            if counter <= pool_size or factory.api != "completions":
+            if counter <= pool_size or not factory.cheap(context):
                 body = bodies[(counter - 1) % pool_size]
             else:
                 body = (await factory.prompt(context, counter)).encode(fields)
@@ -345,6 +369,7 @@ def _decode_result(
     traces: list[RequestTrace] = []
     errors: Counter[str] = Counter()
     early = 0
+    wrong: Counter[int] = Counter()
     estimated = False
     received = 0
     chunks = 0
@@ -354,6 +379,8 @@ def _decode_result(
             estimated = True
         if rec.error:
             errors[_short(rec.error)] += 1
+        if rec.prompt_tokens is not None and rec.prompt_tokens != context:
+            wrong[rec.prompt_tokens] += 1
         done = rec.finished and not rec.cancelled and not rec.error
         if done and rec.n_tokens < max_output:
             early += 1
@@ -403,6 +430,7 @@ def _decode_result(
         aborted=aborted,
         window=(w0, w1),
         received_chunks=chunks,
+        wrong_lengths=dict(wrong),
         records=records,
     )
 

@@ -85,6 +85,7 @@ class LLMSpeedRun:
                 max_output=s.max_output,
                 duration=s.duration,
                 prefill_repeats=s.prefill_repeats,
+                text_prompts=s.prompt_form == "text",
                 timeout=s.timeout,
                 kv_capacity=s.kv_capacity,
             )
@@ -112,12 +113,21 @@ class LLMSpeedRun:
                     raise LLMSpeedError(what + " (--llm-baseline-strict)")
                 self.notes.append("warning: " + what)
 
+    @property
+    def prompt_form(self) -> str:
+        """What the prompts are sent as: the option, unless the server refused token ids."""
+        factory = self.bench.factory if self.bench else None
+        if factory is None:
+            return self.settings.effective_prompt_form
+        return "text" if factory.text or factory.api == "chat" else "ids"
+
     def comparable(self) -> dict[str, Any]:
         """The run settings a baseline must share to be compared with this run."""
         server = self.bench.server if self.bench else None
         return {
             "model": server.model if server else self.settings.model,
             "api": self.settings.api,
+            "prompt_form": self.prompt_form,
             "max_output": self.settings.max_output,
             "duration_s": self.settings.duration,
         }
@@ -158,6 +168,8 @@ class LLMSpeedRun:
             "kv_capacity": server.kv_capacity if server else None,
             "kv_capacity_source": server.kv_capacity_source if server else None,
             "api": self.bench.dialect.api if self.bench and self.bench.dialect else None,
+            "prompt_form": self.prompt_form,
+            "notes": self.notes,  # the same list: notes added later reach the file too
             "settings": self.settings.public(),
             "salt": self.bench.factory.salt if self.bench and self.bench.factory else None,
             "python": sys.version.split()[0],
@@ -176,7 +188,8 @@ class LLMSpeedRun:
                     self.bench.server.base_url, public_url(self.bench.server.base_url)
                 )
             ),
-            f"llmspeed: api {s.api} · max output {s.max_output} · window {s.duration:g} s · "
+            f"llmspeed: api {s.api} ({self.prompt_form} prompts) · "
+            f"max output {s.max_output} · window {s.duration:g} s · "
             f"contexts {','.join(context_label(c) for c in s.contexts)} · "
             f"concurrency {','.join(map(str, s.concurrency))}",
         ]
@@ -187,6 +200,10 @@ class LLMSpeedRun:
     # -- cells -----------------------------------------------------------------------------
 
     def record(self, rec: dict[str, Any]) -> None:
+        factory = self.bench.factory if self.bench else None
+        for note in factory.notes if factory else ():
+            if note not in self.notes:
+                self.notes.append(note)
         self.cells[rec["id"]] = rec
         if self.results is not None:
             self.results.add(rec)

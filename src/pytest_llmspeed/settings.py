@@ -63,6 +63,14 @@ OPTIONS: tuple[Option, ...] = (
         choices=("completions", "chat"),
     ),
     Option(
+        "prompt-form",
+        "completions prompts as token ids (exact by construction) or as text sized with the "
+        "server's /tokenize (servers that take no token ids; what text-only benchmarks send). "
+        "Chat prompts are always text.",
+        default="ids",
+        choices=("ids", "text"),
+    ),
+    Option(
         "contexts",
         "decode contexts, e.g. 8K,16K,max (K = 1024 tokens; max = the largest "
         "prompt that fits with the output)",
@@ -126,6 +134,7 @@ class Settings:
     model: str | None = None
     api_key: str | None = field(default=None, repr=False)
     api: str = "completions"
+    prompt_form: str = "ids"
     contexts: tuple[int | str, ...] = ()
     prefill_contexts: tuple[int | str, ...] = ()
     concurrency: tuple[int, ...] = ()
@@ -146,10 +155,16 @@ class Settings:
     def is_sim(self) -> bool:
         return self.endpoint == "sim" or self.endpoint.startswith("sim:")
 
+    @property
+    def effective_prompt_form(self) -> str:
+        """What the prompts are sent as: chat prompts are always text."""
+        return "text" if self.api == "chat" else self.prompt_form
+
     def public(self) -> dict[str, Any]:
         """Settings as plain data for reports, without secrets."""
         return {
             "api": self.api,
+            "prompt_form": self.effective_prompt_form,
             "contexts": [str(c) for c in self.contexts],
             "prefill_contexts": [str(c) for c in self.prefill_contexts],
             "concurrency": list(self.concurrency),

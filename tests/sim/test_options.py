@@ -1,10 +1,10 @@
-"""SimOptions, parse_sim_spec and the --faults grammar."""
+"""SimOptions, parse_sim_spec, the --faults grammar and --quirks."""
 
 from __future__ import annotations
 
 import pytest
 
-from pytest_llmspeed.sim import SimOptions, parse_sim_spec
+from pytest_llmspeed.sim import QUIRKS, SimOptions, parse_quirks, parse_sim_spec
 from pytest_llmspeed.sim.faults import FaultSpec, parse_faults
 
 
@@ -34,6 +34,7 @@ def test_profile_and_query() -> None:
         ("sim:tiny?seed=1.5", "expected an integer"),
         ("sim:tiny?speed=0", "speed must be positive"),
         ("sim:tiny?faults=explode=1", "unknown fault 'explode'"),
+        ("sim:tiny?quirks=no-metrics,no-json", "unknown quirk 'no-json'; valid quirks: no-vendor"),
         ("sim:tiny?kv_capacity=1024", "smaller than max_model_len"),
         ("simulator", "must be 'sim' or 'sim:PROFILE"),
     ],
@@ -61,3 +62,11 @@ def test_fault_grammar() -> None:
     for bad in ("start500", "start500=2", "drop=x", "stall_s=0", "midstream=0.6,drop=0.6"):
         with pytest.raises(ValueError):
             parse_faults(bad)
+
+
+def test_quirks() -> None:
+    assert parse_quirks(None) == frozenset()
+    assert parse_quirks("no-metrics+text-only") == {"no-metrics", "text-only"}
+    assert parse_quirks(" no-metrics , text-only ,") == {"no-metrics", "text-only"}
+    opts = parse_sim_spec("sim:tiny?quirks=" + ",".join(QUIRKS))
+    assert parse_quirks(opts.quirks) == set(QUIRKS)

@@ -309,3 +309,25 @@ async def test_trace_clear() -> None:
             async with s.delete(url + "/sim/trace") as resp:
                 assert resp.status == 200
             assert (await get_json(s, url + "/sim/trace"))["requests"] == []
+
+
+@pytest.mark.asyncio
+async def test_quirks_make_a_less_vllm_like_server() -> None:
+    """``--quirks``: 422 on vendor fields, no usage in streams, no /metrics, no token ids."""
+    with running_simulator(SimOptions(profile="tiny", speed=20.0, quirks=",".join(
+            ["no-vendor-fields", "no-stream-usage", "no-metrics", "text-only"]))) as url:
+        async with aiohttp.ClientSession() as s:
+            status, body = await post_json(s, url + "/v1/completions", {
+                "prompt": "hello world", "max_tokens": 4, "ignore_eos": True})
+            assert status == 422 and body["error"]["param"] == "ignore_eos"
+            status, body = await post_json(s, url + "/v1/completions", {
+                "prompt": ids(20, 1), "max_tokens": 4})
+            assert status == 400 and "'prompt' must be a string" in body["error"]["message"]
+            res = await stream(s, url + "/v1/completions", {"prompt": "hello world there",
+                                                             "max_tokens": 8})
+            assert res.status == 200 and res.chunks
+            assert all("usage" not in e.data for e in res.events if isinstance(e.data, dict))
+            async with s.get(url + "/metrics") as resp:
+                assert resp.status == 404
+            status, body = await post_json(s, url + "/tokenize", {"prompt": "hello world"})
+            assert status == 200 and body["count"] >= 2

@@ -78,6 +78,7 @@ def decode_record(param: int | str, result: DecodeResult) -> dict[str, Any]:
         "errors": sum(result.errors.values()),
         "error_summary": result.errors,
         "early_stops": result.early_stops,
+        "wrong_prompt_lengths": {str(k): v for k, v in result.wrong_lengths.items()},
         "tokens": result.token_accounting,
         "queued": result.queued,
         "effective_concurrency": _r(result.mean_running, 2),

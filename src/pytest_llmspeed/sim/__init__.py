@@ -20,6 +20,23 @@ from .profiles import PROFILES, get_profile
 
 DEFAULT_PROFILE = "tiny"
 
+#: ways the simulator can behave like a less vLLM-like OpenAI-compatible server (``quirks``)
+QUIRKS = {
+    "no-vendor-fields": "answer HTTP 422 to requests with ignore_eos or min_tokens",
+    "no-stream-usage": "ignore stream_options: no usage in streamed chunks",
+    "no-metrics": "answer HTTP 404 on /metrics",
+    "text-only": "answer HTTP 400 to prompts given as token ids",
+}
+
+
+def parse_quirks(spec: str | None) -> frozenset[str]:
+    """``no-metrics,text-only`` -> the set of quirk names; ``ValueError`` names a bad one."""
+    names = {q.strip() for q in (spec or "").replace("+", ",").split(",") if q.strip()}
+    unknown = sorted(names - set(QUIRKS))
+    if unknown:
+        raise ValueError(f"unknown quirk {unknown[0]!r}; valid quirks: {', '.join(QUIRKS)}")
+    return frozenset(names)
+
 
 @dataclass(frozen=True)
 class SimOptions:
@@ -36,6 +53,7 @@ class SimOptions:
     api_key: str | None = None
     stream_interval: int = 1
     faults: str | None = None
+    quirks: str | None = None
 
     def __post_init__(self) -> None:
         profile = get_profile(self.profile)
@@ -61,6 +79,7 @@ class SimOptions:
                 "lower max_model_len or raise kv_capacity"
             )
         parse_faults(self.faults)
+        parse_quirks(self.quirks)
 
     @property
     def effective_max_model_len(self) -> int:
@@ -86,6 +105,7 @@ _CONVERTERS: dict[str, Any] = {
     "api_key": str,
     "stream_interval": int,
     "faults": str,
+    "quirks": str,
 }
 
 
@@ -218,6 +238,7 @@ def cli_args(options: SimOptions) -> list[str]:
         ("--max-model-len", options.max_model_len),
         ("--api-key", options.api_key),
         ("--faults", options.faults),
+        ("--quirks", options.quirks),
     ):
         if value is not None:
             args += [flag, str(value)]

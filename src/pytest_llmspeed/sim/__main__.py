@@ -7,7 +7,7 @@ import asyncio
 import signal
 import sys
 
-from . import SimOptions
+from . import QUIRKS, SimOptions
 from .faults import __doc__ as FAULTS_DOC
 from .profiles import PROFILES
 
@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--faults", default=None, metavar="SPEC",
                         help="inject failures, e.g. 'start500=0.05,midstream=0.01,drop=0.01,"
                              "stall=0.01,burst503=0.02' (grammar below)")
+    parser.add_argument("--quirks", default=None, metavar="LIST",
+                        help="behave like a less vLLM-like server, comma-separated: "
+                        + "; ".join(f"{k}: {v}" for k, v in QUIRKS.items()))
     return parser
 
 
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
             profile=args.profile, host=args.host, port=args.port, speed=args.speed,
             kv_capacity=args.kv_capacity, max_model_len=args.max_model_len, noise=args.noise,
             seed=args.seed, api_key=args.api_key, stream_interval=args.stream_interval,
-            faults=args.faults,
+            faults=args.faults, quirks=args.quirks,
         )
     except ValueError as exc:
         parser.error(str(exc))

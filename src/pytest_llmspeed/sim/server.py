@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from . import SimOptions
+from . import SimOptions, parse_quirks
 from .engine import EngineCore, SimRequest
 from .faults import FaultSpec, parse_faults
 from .profiles import Profile, get_profile
@@ -296,6 +296,7 @@ class SimServer:
         self.text_rng = np.random.default_rng([options.seed, 3])
         self.fault_rng = np.random.default_rng([options.seed, 4])
         self.faults: FaultSpec = parse_faults(options.faults)
+        self.quirks = parse_quirks(options.quirks)
         self.burst_until = -1.0
         self.core = EngineCore(self.profile, kv_capacity=options.effective_kv_capacity,
                                speed=options.speed, noise=options.noise, seed=options.seed)
@@ -487,6 +488,8 @@ class SimServer:
             prompt = prompt[0]
         if isinstance(prompt, str):
             ids = await self._encode(prompt)
+        elif "text-only" in self.quirks and isinstance(prompt, list):
+            raise _bad("'prompt' must be a string", "prompt")
         elif isinstance(prompt, list) and prompt and set(map(type, prompt)) == {int}:
             ids = prompt
             bad = self.tokenizer.out_of_vocab(ids)
@@ -585,6 +588,13 @@ class SimServer:
         # serial work (JSON, validation, hashing) that a client's TTFT also includes.
         await asyncio.sleep(0)
         body = await self._json_body(request)
+        if "no-vendor-fields" in self.quirks:
+            for name in ("ignore_eos", "min_tokens"):
+                if name in body:
+                    raise ApiError(422, f"body.{name}: Extra inputs are not permitted",
+                                   "UnprocessableEntity", name)
+        if "no-stream-usage" in self.quirks:
+            body.pop("stream_options", None)
         n = body.get("n", 1)
         if n != 1:
             raise _bad("llmspeed-sim supports only n = 1", "n")
@@ -699,6 +709,8 @@ class SimServer:
     async def metrics(self, request: web.Request) -> web.Response:
         from .metrics import render_metrics
 
+        if "no-metrics" in self.quirks:
+            raise web.HTTPNotFound()
         return web.Response(text=render_metrics(self),
                             content_type="text/plain", charset="utf-8",
                             headers={"X-Prometheus-Format": "0.0.4"})
