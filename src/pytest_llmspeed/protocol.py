@@ -61,23 +61,25 @@ async def negotiate(conn: Connection, factory: PromptFactory, model: str, api: s
     A server that refuses even the plain request while the prompt is token ids is asked again
     with text prompts (``factory.text`` is set): some OpenAI-compatible servers take text only.
     """
-    dialect, rec = await _negotiate_fields(conn, factory, model, api)
-    if rec.error and rec.status in (400, 422) and api == "completions" and not factory.text:
+    dialect, refused = await _negotiate_fields(conn, factory, model, api)
+    if refused and refused.status in (400, 422) and api == "completions" and not factory.text:
         factory.text = True
-        dialect, rec = await _negotiate_fields(conn, factory, model, api)
-        if not rec.error:
+        dialect, refused = await _negotiate_fields(conn, factory, model, api)
+        if refused is None:
             dialect.notes.insert(
                 0, "server rejected token-id prompts: prompts sent as text sized with /tokenize"
             )
-    if rec.error:
-        raise LLMSpeedError(f"a first small {api} request failed: {rec.error}")
+    if refused is not None:
+        raise LLMSpeedError(f"a first small {api} request failed: {refused.error}")
     return dialect
 
 
 async def _negotiate_fields(
     conn: Connection, factory: PromptFactory, model: str, api: str
-) -> tuple[Dialect, StreamRecord]:
-    """The dialect and the last small request: all optional fields, then fewer on 400/422."""
+) -> tuple[Dialect, StreamRecord | None]:
+    """The dialect, and the request the server refused (None once one was accepted): all
+    optional fields first, then fewer on 400/422. An accepted request that fails later in its
+    stream (an error event) still tells what the server accepts."""
     dialect = Dialect(api=api)
     prompt = await factory.prompt(64, -1)
     while True:
@@ -88,7 +90,7 @@ async def _negotiate_fields(
             account_tokens(rec)
             if not rec.usage_per_chunk and dialect.stream_options:
                 dialect.notes.append("tokens: chunk-count (the server sends no per-chunk usage)")
-            return dialect, rec
+            return dialect, None
         if rec.status in (400, 422) and dialect.vendor_fields:
             dialect.vendor_fields = False
             dialect.notes.append(
