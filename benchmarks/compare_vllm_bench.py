@@ -75,6 +75,18 @@ from vllm.entrypoints.cli.main import main
 main()
 """
 
+#: prepended to _VLLM_MAIN for ``trust_env=False``: vllm bench serve builds its aiohttp session
+#: with ``trust_env=True``, and aiohttp then looks up proxy variables and netrc for every
+#: request after vllm's TTFT clock started (~0.9 ms here: benchmarks/client_overhead.py)
+_NO_TRUST_ENV = """
+import aiohttp
+_init = aiohttp.ClientSession.__init__
+def _init_no_env(self, *args, **kwargs):
+    kwargs["trust_env"] = False
+    _init(self, *args, **kwargs)
+aiohttp.ClientSession.__init__ = _init_no_env
+"""
+
 
 # --- the server's own counters --------------------------------------------------------------
 
@@ -221,6 +233,8 @@ def vllm_bench(
     extra_body: dict[str, Any] | None = None,
     poll_metrics: bool = False,
     sampler: CpuSampler | None = None,
+    dataset: Path | None = None,
+    trust_env: bool = True,
 ) -> tuple[dict[str, Any], list[str]]:
     """Run ``vllm bench serve`` once; its saved JSON (with per-request detail) and its argv.
 
@@ -228,13 +242,22 @@ def vllm_bench(
     ``stream_options``), so that the server does the same work per request for both tools.
     ``poll_metrics``: read the server's /metrics once a second meanwhile, as the plugin does
     during a decode cell (its queue check). ``sampler``: follow the CPU time of vllm's
-    process under the key ``vllm-<name>``."""
+    process under the key ``vllm-<name>``. ``dataset``: a JSONL file of text prompts
+    (``{"prompt": ...}``) sent as they are (vllm's custom dataset, no chat template) instead of
+    vllm's random prompts; ``prefix_len`` and ``input_len`` are then unused. ``trust_env``:
+    False runs vllm with its aiohttp session not trusting the environment (a diagnostic: see
+    _NO_TRUST_ENV)."""
     python = vllm_home() / "venv" / "bin" / "python"
     args = [
         "bench", "serve", *VLLM_BACKENDS[API["name"]], "--base-url", server.url,
         "--model", server.model, "--tokenizer", str(server.model_dir),
-        "--dataset-name", "random", "--random-prefix-len", str(prefix_len),
-        "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+        *(
+            ["--dataset-name", "random", "--random-prefix-len", str(prefix_len),
+             "--random-input-len", str(input_len), "--random-output-len", str(output_len)]
+            if dataset is None else
+            ["--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
+             "--custom-output-len", str(output_len)]
+        ),
         "--ignore-eos", "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
         "--seed", str(seed), "--disable-tqdm", "--save-result", "--save-detailed",
         "--result-dir", str(out_dir), "--result-filename", f"{name}.json",
@@ -256,7 +279,7 @@ def vllm_bench(
     try:
         with log.open("wb") as fh:
             proc = subprocess.Popen(
-                [str(python), "-c", _VLLM_MAIN, *args],
+                [str(python), "-c", ("" if trust_env else _NO_TRUST_ENV) + _VLLM_MAIN, *args],
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 env=env,

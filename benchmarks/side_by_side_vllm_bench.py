@@ -26,6 +26,16 @@ vllm's own reported figures (`median_ttft_ms`, `median_tpot_ms`, `output_through
 its whole run, every moment of which the plugin was also running) are shown beside them.
 
     python benchmarks/side_by_side_vllm_bench.py            # c = 1 and 8, 5 rounds each
+    python benchmarks/side_by_side_vllm_bench.py --workload same-text
+
+Workloads (``--workload``): ``random`` — each tool its own prompts: the plugin's token ids
+(shared prefix + 32 unique ids), vllm's random dataset (a shared prefix of C − 32 random ids and
+32 more, decoded to text that the server tokenizes again). ``same-text`` — one workload for both:
+the plugin sends text prompts (``--llm-prompt-form=text``: its shared prefix P(C) and unique
+suffixes, sized with the server's /tokenize), and vllm sends more prompts of the same run (same
+P(C), other suffixes) from a JSONL file, its custom dataset without a chat template. Then the
+server does the same work for a request of either tool, and only the clients and the arrival
+pattern differ.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ import json
 import os
 import platform
 import shlex
+import subprocess
 import sys
 import tempfile
 import threading
@@ -60,6 +71,8 @@ from pytest_llmspeed.protocol import request_fields, run_decode  # noqa: E402
 from tests.vllm_server import _Servers, vllm_home  # noqa: E402
 
 FIGURES = ("ttft_ms", "tbt_ms", "tok_s")
+#: two requests sent within this many seconds of each other share their first engine steps
+COMPANY_S = 0.02
 LABELS = {
     "ttft_ms": "TTFT median, ms",
     "tbt_ms": "time between tokens, ms",
@@ -105,6 +118,8 @@ def one_round(
     delay_s: float,
     seed: int,
     extra: dict[str, Any],
+    dataset: Path | None,
+    trust_env: bool = True,
 ) -> dict[str, Any]:
     """The plugin's decode cell with a ``vllm bench serve`` run inside it."""
     got: dict[str, Any] = {}
@@ -116,7 +131,7 @@ def one_round(
             got["vb"], got["cmd"] = cmp.vllm_bench(
                 server, work, name, prefix_len=context - cmp.SUFFIX, input_len=cmp.SUFFIX,
                 output_len=output_len, concurrency=n, prompts=prompts, seed=seed,
-                extra_body=extra,
+                extra_body=extra, dataset=dataset, trust_env=trust_env,
             )  # fmt: skip
         except SystemExit as exc:  # vllm_bench exits with its log's tail
             got["error"] = str(exc)
@@ -171,6 +186,7 @@ def one_round(
         "plugin": cmp.co_sent([r[0] for r in plugin_reqs]),
         "vllm": cmp.co_sent([r[0] for r in vllm_reqs]),
     }
+    row["requests"] = arrivals(plugin_reqs, vllm_reqs, s0, s1)
     p, v = row["plugin"], row["vllm"]
     print(
         f"[side-by-side] {name}: span {s1 - s0:.1f} s; TTFT {p['ttft_ms']:.1f} vs "
@@ -181,6 +197,78 @@ def one_round(
         flush=True,
     )
     return row
+
+
+def text_dataset(bench: Bench, path: Path, context: int, first: int, count: int) -> Path:
+    """``count`` more of the plugin's own text prompts at ``context`` (indices ``first`` …, so
+    the same shared prefix P(C) and new suffixes) as vllm's custom dataset (JSONL)."""
+    assert bench.factory is not None and bench.factory.text
+    factory = bench.factory
+    with path.open("w") as fh:
+        for i in range(first, first + count):
+            prompt = bench.run(factory.prompt(context, i))
+            fh.write(json.dumps({"prompt": prompt.body["prompt"]}) + "\n")
+    return path
+
+
+def ensure_pandas() -> None:
+    """vllm's custom dataset reads its JSONL with pandas, an optional dependency of vLLM's
+    benchmarks that ``scripts/setup_vllm.py`` does not install (the tests do not need it):
+    install it into vLLM's own environment the first time ``--workload same-text`` runs."""
+    python = str(vllm_home() / "venv" / "bin" / "python")
+    if subprocess.run([python, "-c", "import pandas"], capture_output=True).returncode == 0:
+        return
+    print("[side-by-side] installing pandas into vLLM's environment (its custom dataset needs it)")
+    subprocess.run([python, "-m", "pip", "install", "--progress-bar", "off", "pandas"], check=True)
+
+
+def arrivals(
+    plugin: list[tuple[float, list[float], list[int]]],
+    vllm: list[tuple[float, list[float], list[int]]],
+    s0: float,
+    s1: float,
+    within_s: float = COMPANY_S,
+) -> dict[str, list[list[float]]]:
+    """Each tool's requests sent inside the span as [t_send, TTFT ms, company]: company is how
+    many requests of *both* tools (itself included) were sent within ``within_s`` of it, so how
+    many new prompts its first step most likely shared the server with."""
+    sends = np.sort([t for t, times, _ in plugin + vllm if times])
+    out: dict[str, list[list[float]]] = {}
+    for name, reqs in (("plugin", plugin), ("vllm", vllm)):
+        rows = []
+        for t_send, times, _ in reqs:
+            if times and s0 <= t_send < s1:
+                lo = np.searchsorted(sends, t_send - within_s, side="left")
+                hi = np.searchsorted(sends, t_send + within_s, side="right")
+                rows.append([t_send, (times[0] - t_send) * 1e3, int(hi - lo)])
+        out[name] = rows
+    return out
+
+
+def company_rows(rows: dict[int, list[dict[str, Any]]]) -> list[str]:
+    """TTFT pooled over the rounds, all requests and by company at arrival, both tools."""
+    out = []
+    for n, rs in rows.items():
+        pooled: dict[str, list[list[float]]] = {"plugin": [], "vllm": []}
+        for r in rs:
+            for tool in pooled:
+                pooled[tool] += r.get("requests", {}).get(tool, [])
+        if not pooled["plugin"] or not pooled["vllm"]:
+            continue
+        groups: list[tuple[str, Any]] = [("all", lambda k: True)]
+        companies = sorted({int(x[2]) for tool in pooled.values() for x in tool})
+        groups += [(str(c), lambda k, c=c: k == c) for c in companies]
+        for label, keep in groups:
+            p = [x[1] for x in pooled["plugin"] if keep(x[2])]
+            v = [x[1] for x in pooled["vllm"] if keep(x[2])]
+            if len(p) < 3 or len(v) < 3:
+                continue
+            pm, vm = float(np.median(p)), float(np.median(v))
+            out.append(
+                f"| {n} | {label} | {len(p)} | {pm:.1f} | {len(v)} | {vm:.1f} | "
+                f"{cmp.fmt_pct(ratio(pm, vm))} |"
+            )
+    return out
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -219,6 +307,23 @@ def render(meta: dict[str, Any], rows: dict[int, list[dict[str, Any]]]) -> list[
         f"{meta['priority']}. C = {meta['context']}, M = {meta['max_output']}; vllm's "
         "requests carry the plugin's `min_tokens` and `stream_options`.",
         "",
+        "Workload: "
+        + (
+            "**same-text** — both tools send the plugin's text prompts (one shared prefix "
+            "P(C), unique suffixes; the plugin with `--llm-prompt-form=text`, vllm the same "
+            "run's other prompts as its custom dataset, no chat template)."
+            if meta.get("workload") == "same-text"
+            else "**random** — the plugin sends its token-id prompts, vllm its random dataset "
+            "(text, re-tokenized by the server)."
+        )
+        + (
+            " vllm ran with its aiohttp session **not trusting the environment** "
+            "(`--vllm-trust-env off`, a diagnostic: as shipped, aiohttp looks up proxy "
+            "variables and netrc for every request, inside vllm's TTFT)."
+            if meta.get("vllm_trust_env") == "off"
+            else ""
+        ),
+        "",
         "## Agreement (median over rounds of plugin ÷ vllm − 1, same definitions, same span)",
         "",
         "| N | figure | each round | median | within 5 % |",
@@ -233,6 +338,20 @@ def render(meta: dict[str, Any], rows: dict[int, list[dict[str, Any]]]) -> list[
         "| --- | --- | --- | ---: |",
     ]
     out += ratio_rows(rows, "vllm_own", verdict=False)
+    out += [
+        "",
+        "## TTFT pooled over the rounds, by company at arrival",
+        "",
+        "Every request sent inside a round's span, all rounds together. *Company*: how many "
+        f"requests of both tools (itself included) were sent within {COMPANY_S * 1e3:.0f} ms "
+        "of it, so how many new prompts shared its first steps: requests in the same company "
+        "met the same server work, whichever tool sent them.",
+        "",
+        "| N | company | plugin requests | plugin median TTFT, ms | vllm requests | "
+        "vllm median TTFT, ms | plugin ÷ vllm − 1 |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    out += company_rows(rows)
     out += [
         "",
         "## Every round",
@@ -272,13 +391,27 @@ def main() -> None:
     ap.add_argument("--vllm-seconds", type=float, default=12.0, help="target vllm run length")
     ap.add_argument("--delay", type=float, default=2.0, help="s between the two tools' starts")
     ap.add_argument("--server-nice", type=int, default=10, help="as compare_vllm_bench.py")
-    ap.add_argument(
-        "--out", type=Path, default=ROOT / "benchmarks/results/vllm_bench_side_by_side.md"
-    )
+    ap.add_argument("--out", type=Path, default=None, help="the results page (Markdown)")
     ap.add_argument("--work-dir", type=Path, default=None, help="keep logs and JSON here")
+    ap.add_argument(
+        "--workload", choices=("random", "same-text"), default="random",
+        help="random: each tool its own prompts; same-text: both send the plugin's text "
+        "prompts (module docstring)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--vllm-trust-env", choices=("on", "off"), default="on",
+        help="off: vllm's aiohttp session does not trust the environment (a diagnostic: "
+        "with it on, aiohttp looks up proxies and netrc per request inside vllm's TTFT)",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.out is None:
+        suffix = "" if args.workload == "random" else "_same_text"
+        suffix += "" if args.vllm_trust_env == "on" else "_no_trust_env"
+        args.out = ROOT / f"benchmarks/results/vllm_bench_side_by_side{suffix}.md"
     ns = [int(x) for x in args.concurrency.split(",")]
     c, m = args.context, args.max_output
+    if args.workload == "same-text":
+        ensure_pandas()
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="llmspeed-side-by-side-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"[side-by-side] logs and JSON under {work}", flush=True)
@@ -291,6 +424,7 @@ def main() -> None:
         cfg = BenchConfig(
             base_url=server.url, api_key=None, model=server.model, api="completions",
             max_output=m, duration=1.0, timeout=300.0, kv_capacity=None,
+            text_prompts=args.workload == "same-text",
         )  # fmt: skip
         bench = Bench(cfg)
         bench.start()
@@ -311,10 +445,16 @@ def main() -> None:
                 # the plugin's window must outlast vllm's run: vllm starts `delay` s in, takes
                 # `startup_s` to import, then sends one readiness request and its prompts
                 plugin_s = args.delay + startup_s + 1.5 * prompts * guess + 4.0
+                name = f"c{n}-r{rnd + 1}"
+                dataset = None
+                if args.workload == "same-text":
+                    # + 1: vllm sends its first prompt once more as a readiness check
+                    dataset = work / f"{name}.jsonl"
+                    text_dataset(bench, dataset, c, seed * 1000, prompts + 1)
                 row = one_round(
-                    bench, server, work, f"c{n}-r{rnd + 1}", n, context=c, output_len=m,
+                    bench, server, work, name, n, context=c, output_len=m,
                     prompts=prompts, plugin_s=plugin_s, delay_s=args.delay, seed=seed,
-                    extra=extra,
+                    extra=extra, dataset=dataset, trust_env=args.vllm_trust_env == "on",
                 )  # fmt: skip
                 per_prompt_s[n] = row["vllm_run_s"] / prompts
                 startup_s = row["vllm_startup_s"] + 2.0
@@ -334,6 +474,8 @@ def main() -> None:
         "priority": priority,
         "context": c,
         "max_output": m,
+        "workload": args.workload,
+        "vllm_trust_env": args.vllm_trust_env,
         "vllm_cmd": rows[ns[-1]][-1]["cmd"],
     }
     (work / "side_by_side.json").write_text(
