@@ -120,6 +120,7 @@ def one_round(
     extra: dict[str, Any],
     dataset: Path | None,
     trust_env: bool = True,
+    wire: Wire | None = None,
 ) -> dict[str, Any]:
     """The plugin's decode cell with a ``vllm bench serve`` run inside it."""
     got: dict[str, Any] = {}
@@ -187,6 +188,9 @@ def one_round(
         "vllm": cmp.co_sent([r[0] for r in vllm_reqs]),
     }
     row["requests"] = arrivals(plugin_reqs, vllm_reqs, s0, s1)
+    if wire is not None:
+        time.sleep(0.2)  # the sniffer's last lines
+        row["wire"] = wire.ttfts(s0, s1)
     p, v = row["plugin"], row["vllm"]
     print(
         f"[side-by-side] {name}: span {s1 - s0:.1f} s; TTFT {p['ttft_ms']:.1f} vs "
@@ -243,6 +247,77 @@ def arrivals(
                 rows.append([t_send, (times[0] - t_send) * 1e3, int(hi - lo)])
         out[name] = rows
     return out
+
+
+class Wire:
+    """benchmarks/wire_sniffer.py in a child process (needs root), its events kept in order."""
+
+    def __init__(self, port: int) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "benchmarks" / "wire_sniffer.py"), "--port", str(port)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        first = self.proc.stdout.readline()
+        if '"ready"' not in first:
+            sys.exit("wire_sniffer.py did not start (it needs root for an AF_PACKET socket)")
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.events.append(json.loads(line))
+
+    def ttfts(self, s0: float, s1: float) -> dict[str, list[float]]:
+        """Wire TTFT (ms) of each request whose POST reached the server in [s0, s1), by tool:
+        ``vllm`` for requests with an x-request-id header, ``plugin`` for the others."""
+        open_: dict[int, tuple[float, bool]] = {}
+        out: dict[str, list[float]] = {"plugin": [], "vllm": []}
+        for e in list(self.events):
+            if e["ev"] == "post":
+                open_[e["conn"]] = (e["t"], e["rid"])
+            elif e["ev"] == "token" and e["conn"] in open_:
+                t_post, rid = open_.pop(e["conn"])
+                if s0 <= t_post < s1:
+                    out["vllm" if rid else "plugin"].append((e["t"] - t_post) * 1e3)
+        return out
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def wire_rows(rows: dict[int, list[dict[str, Any]]]) -> tuple[list[str], list[str]]:
+    """Per round: each tool's median TTFT on the wire and as the tool measured it; and per N
+    the medians over rounds of each tool's client share and of the stopwatches' ratio."""
+    out, summary = [], []
+    for n, rs in rows.items():
+        shares: dict[str, list[float]] = {"plugin": [], "vllm": []}
+        watches = []
+        for r in rs:
+            w = r.get("wire")
+            if not w or "plugin" not in r or not w["plugin"] or not w["vllm"]:
+                continue
+            pw, vw = float(np.median(w["plugin"])), float(np.median(w["vllm"]))
+            pt, vt = r["plugin"]["ttft_ms"], r["vllm"]["ttft_ms"]
+            shares["plugin"].append(pt - pw)
+            shares["vllm"].append(vt - vw)
+            watch = ratio(pt / pw, vt / vw)
+            watches.append(watch)
+            out.append(
+                f"| {r['name']} | {len(w['plugin'])} / {len(w['vllm'])} | {pw:.1f} | {vw:.1f} | "
+                f"{cmp.fmt_pct(ratio(pw, vw))} | {pt - pw:+.1f} | {vt - vw:+.1f} | "
+                f"{cmp.fmt_pct(ratio(pt, vt))} | {cmp.fmt_pct(watch)} |"
+            )
+        if watches:
+            med = float(np.median([x for x in watches if x is not None]))
+            summary.append(
+                f"| {n} | {np.median(shares['plugin']):+.2f} | {np.median(shares['vllm']):+.2f} "
+                f"| {cmp.fmt_pct(med)} | {'yes' if abs(med) <= 5 else 'no'} |"
+            )
+    return out, summary
 
 
 def company_rows(rows: dict[int, list[dict[str, Any]]]) -> list[str]:
@@ -338,6 +413,33 @@ def render(meta: dict[str, Any], rows: dict[int, list[dict[str, Any]]]) -> list[
         "| --- | --- | --- | ---: |",
     ]
     out += ratio_rows(rows, "vllm_own", verdict=False)
+    wired, wire_summary = wire_rows(rows)
+    if wired:
+        out += [
+            "",
+            "## TTFT on the wire (`--wire`)",
+            "",
+            "`benchmarks/wire_sniffer.py` stamped, in the kernel, when each request's first "
+            "segment reached the server's port and when the first segment with output text "
+            "left it; medians over the requests sent inside the span. *Wire*: the server's "
+            "share of TTFT, the same stopwatch for both tools. *Client share*: the tool's own "
+            "median TTFT − its wire median (what its client adds before the request reaches "
+            "the socket and after the chunk does).",
+            "",
+            "*Stopwatches*: (plugin TTFT ÷ its wire TTFT) ÷ (vllm TTFT ÷ its wire TTFT) − 1, "
+            "how far the two tools' TTFT clocks differ on requests the server treated alike.",
+            "",
+            "| N | plugin client share, ms (median of rounds) | vllm client share, ms | "
+            "stopwatches, median of rounds | within 5 % |",
+            "| --- | ---: | ---: | ---: | --- |",
+            *wire_summary,
+            "",
+            "| round | requests on the wire, plugin / vllm | plugin wire TTFT, ms | vllm wire "
+            "TTFT, ms | wire: plugin ÷ vllm − 1 | plugin client share, ms | vllm client "
+            "share, ms | tools: plugin ÷ vllm − 1 | stopwatches |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            *wired,
+        ]
     out += [
         "",
         "## TTFT pooled over the rounds, by company at arrival",
@@ -399,11 +501,33 @@ def main() -> None:
         "prompts (module docstring)",
     )  # fmt: skip
     ap.add_argument(
+        "--wire", action="store_true",
+        help="also stamp requests and first tokens on the wire (benchmarks/wire_sniffer.py; "
+        "root)",
+    )  # fmt: skip
+    ap.add_argument(
         "--vllm-trust-env", choices=("on", "off"), default="on",
         help="off: vllm's aiohttp session does not trust the environment (a diagnostic: "
         "with it on, aiohttp looks up proxies and netrc per request inside vllm's TTFT)",
     )  # fmt: skip
+    ap.add_argument(
+        "--render", type=Path, default=None, metavar="JSON",
+        help="only write the results page again from a saved side_by_side.json",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.render is not None:
+        saved = json.loads(args.render.read_text())
+        rows_saved = {int(k): v for k, v in saved["rows"].items()}
+        md = render(saved["meta"], rows_saved)
+        out = args.out or ROOT / (
+            "benchmarks/results/vllm_bench_side_by_side"
+            + ("_same_text" if saved["meta"].get("workload") == "same-text" else "")
+            + ("_no_trust_env" if saved["meta"].get("vllm_trust_env") == "off" else "")
+            + ".md"
+        )
+        out.write_text("\n".join(md))
+        print(f"[side-by-side] wrote {out}")
+        return
     if args.out is None:
         suffix = "" if args.workload == "random" else "_same_text"
         suffix += "" if args.vllm_trust_env == "on" else "_no_trust_env"
@@ -418,6 +542,7 @@ def main() -> None:
     t_start = time.monotonic()
     servers = _Servers(work)
     rows: dict[int, list[dict[str, Any]]] = {n: [] for n in ns}
+    wire: Wire | None = None
     try:
         server = servers(stream_interval=1)
         priority = cmp.set_server_priority(servers, args.server_nice)
@@ -426,6 +551,7 @@ def main() -> None:
             max_output=m, duration=1.0, timeout=300.0, kv_capacity=None,
             text_prompts=args.workload == "same-text",
         )  # fmt: skip
+        wire = Wire(int(server.url.rsplit(":", 1)[1])) if args.wire else None
         bench = Bench(cfg)
         bench.start()
         bench.prefill(c, 16)  # warms the plugin's shared prefix P(C)
@@ -455,12 +581,15 @@ def main() -> None:
                     bench, server, work, name, n, context=c, output_len=m,
                     prompts=prompts, plugin_s=plugin_s, delay_s=args.delay, seed=seed,
                     extra=extra, dataset=dataset, trust_env=args.vllm_trust_env == "on",
+                    wire=wire,
                 )  # fmt: skip
                 per_prompt_s[n] = row["vllm_run_s"] / prompts
                 startup_s = row["vllm_startup_s"] + 2.0
                 rows[n].append(row)
         bench.close()
     finally:
+        if wire is not None:
+            wire.stop()
         servers.stop_all()
     versions = json.loads((vllm_home() / "setup.json").read_text())["versions"]
     meta = {
