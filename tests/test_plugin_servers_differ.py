@@ -71,7 +71,8 @@ def test_server_that_refuses_token_ids_gets_text_prompts(pytester):
 def test_prompt_form_option(pytester, form):
     result = run_matrix(pytester, f"--llm-prompt-form={form}")
     result.assert_outcomes(passed=6)
-    result.stdout.fnmatch_lines([f"llmspeed: api completions ({form} prompts)*"])
+    shown = {"ids": "token-id", "text": "text"}[form]
+    result.stdout.fnmatch_lines([f"llmspeed: api completions ({shown} prompts)*"])
     doc = _doc(pytester)
     assert doc["run"]["prompt_form"] == form
     assert doc["run"]["settings"]["prompt_form"] == form
@@ -88,8 +89,8 @@ def test_decode_cell_whose_prompts_the_server_counts_otherwise_fails(pytester):
         make = PromptFactory._text
 
         async def longer(self, context, index):
-            text = await make(self, context, index)
-            return text + " river" if index >= 1 else text
+            head, tail = await make(self, context, index)
+            return (head, tail + " river") if index >= 1 else (head, tail)
 
         def pytest_configure(config):
             PromptFactory._text = longer

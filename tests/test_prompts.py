@@ -1,9 +1,11 @@
 """Prompt construction against the simulator's tokenizer (real HTTP on loopback)."""
 
+import json
+
 import pytest
 
 from pytest_llmspeed.client import Connection
-from pytest_llmspeed.prompts import PromptFactory
+from pytest_llmspeed.prompts import Prompt, PromptFactory
 from pytest_llmspeed.sim import SimOptions, running_simulator
 
 pytestmark = pytest.mark.asyncio
@@ -38,6 +40,10 @@ async def test_text_prompts_are_exact_and_share_the_prefix(tiny_sim, api, contex
         shared = context - 32 - (8 if api == "chat" else 0)  # the template's tail comes last
         assert ids[0][:shared] == ids[1][:shared] == ids[2][:shared]
         assert len({tuple(x) for x in ids}) == 3  # unique suffixes
+        fields = {"model": "tiny", "max_tokens": 4, "stream": True}
+        for p in prompts:  # the fast encoding (shared head's JSON reused) is the plain one
+            assert p.head_json is not None
+            assert json.loads(p.encode(fields)) == {**p.body, **fields}
         assert factory.cheap(context) and not factory.notes  # the sim's words add up
         many = {str((await factory.prompt(context, i)).body) for i in range(200)}
         assert len(many) == 200
@@ -131,3 +137,16 @@ async def test_without_additive_words_text_prompts_are_still_exact(tiny_sim, api
             assert len(ids) == 1024
     finally:
         await conn.close()
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_text_encoding_joins_escapes(api):
+    """A text prompt's body is its head's JSON (made once) + its tail's: the same bytes'
+    meaning as encoding the whole body, with quotes, backslashes, newlines and non-ASCII."""
+    head, tail = 'run 7: "quoted" \\ back\nslash é 𝄞 tab\t', ' river "x" \u2028 end'
+    text = head + tail
+    body = {"prompt": text} if api == "completions" else {
+        "messages": [{"role": "user", "content": text}]}
+    prompt = Prompt(body, 10, head_json=json.dumps(head)[:-1].encode(), tail=tail)
+    fields = {"model": "m", "max_tokens": 3, "stream": True, "stream_options": {"a": True}}
+    assert json.loads(prompt.encode(fields)) == {**body, **fields}

@@ -94,23 +94,34 @@ class PromptError(LLMSpeedError):
 class Prompt:
     """One prompt, its exact length in tokens, and a fast JSON encoding of its request.
 
-    Completions prompts keep the shared prefix as ready-made JSON (``[id, id, ...`` without the
-    closing bracket) so that a 256K-token request is not re-encoded for every request.
+    Prompts keep their shared head as ready-made JSON so that a 256K-token request is not
+    re-encoded for every request (a few ms of the event loop that other streams' reads would
+    wait for): token ids as ``[id, id, ...`` without the closing bracket, text as the JSON
+    string without its closing quote (JSON escapes character by character, so the head's and
+    the tail's escapes simply join).
     """
 
     body: dict[str, Any]
     tokens: int
     prefix_json: bytes | None = None
     suffix: list[int] = field(default_factory=list)
+    head_json: bytes | None = None  # text prompts: JSON of the shared head, no closing quote
+    tail: str = ""  # text prompts: what follows the head
 
     def encode(self, fields: dict[str, Any]) -> bytes:
         """The whole request body: the prompt plus ``fields`` (model, max_tokens, ...)."""
-        if self.prefix_json is None:
-            return json.dumps({**self.body, **fields}).encode()
-        ids = self.prefix_json
-        if self.suffix:
-            ids += b", " + json.dumps(self.suffix)[1:-1].encode()
-        return b'{"prompt": ' + ids + b"], " + json.dumps(fields)[1:].encode()
+        rest = json.dumps(fields)[1:].encode()
+        if self.prefix_json is not None:
+            suffix = b", " + json.dumps(self.suffix)[1:-1].encode() if self.suffix else b""
+            return b"".join((b'{"prompt": ', self.prefix_json, suffix, b"], ", rest))
+        if self.head_json is not None:  # one join: a 256K-token head is ~1.4 MB
+            tail = json.dumps(self.tail)[1:].encode()
+            if "prompt" in self.body:
+                return b"".join((b'{"prompt": ', self.head_json, tail, b", ", rest))
+            return b"".join(
+                (b'{"messages": [{"role": "user", "content": ', self.head_json, tail, b"}], ", rest)
+            )
+        return json.dumps({**self.body, **fields}).encode()
 
 
 @dataclass
@@ -133,6 +144,7 @@ class PromptFactory:
     _slot_words: tuple[list[str], int] | None = None
     _templates: dict[int, tuple[str, int] | None] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    _head_json: dict[int, bytes] = field(default_factory=dict)
 
     @property
     def uses_ids(self) -> bool:
@@ -177,10 +189,15 @@ class PromptFactory:
             suffix_rng = self._rng(context, index + 1)
             suffix = [suffix_rng.choice(pool) for _ in range(s)]
             return Prompt({"prompt": ids + suffix}, context, encoded, suffix)
-        text = await self._text(context, index)
+        head, tail = await self._text(context, index)
+        text = head + tail
+        if head and context not in self._head_json:
+            self._head_json[context] = json.dumps(head)[:-1].encode()
+        head_json = self._head_json.get(context) if head else None
         if self.api == "completions":
-            return Prompt({"prompt": text}, context)
-        return Prompt({"messages": [{"role": "user", "content": text}]}, context)
+            return Prompt({"prompt": text}, context, head_json=head_json, tail=tail)
+        body = {"messages": [{"role": "user", "content": text}]}
+        return Prompt(body, context, head_json=head_json, tail=tail)
 
     # -- text prompts: sized with /tokenize ---------------------------------------------------
 
@@ -308,13 +325,14 @@ class PromptFactory:
                 return None
         return fill if count == target else None
 
-    async def _text(self, context: int, index: int) -> str:
-        """Text prompt ``index``: the template + slot words drawn for this index (unique),
-        or, where there is no template, a suffix sized with /tokenize on its own."""
+    async def _text(self, context: int, index: int) -> tuple[str, str]:
+        """Text prompt ``index`` as (shared head, the rest): the template and slot words drawn
+        for this index (unique), or, where there is no template, ("", a whole prompt) sized
+        with /tokenize on its own."""
         template = await self._template(context)
         rng = self._rng(context, index + 1)
         if template is not None:
             head, k = template
             words, _ = await self.slot_words()
-            return head + "".join(" " + rng.choice(words) for _ in range(k))
-        return await self._fit(await self._prefix(context) + "\n", context, rng, "")
+            return head, "".join(" " + rng.choice(words) for _ in range(k))
+        return "", await self._fit(await self._prefix(context) + "\n", context, rng, "")

@@ -188,7 +188,8 @@ class LLMSpeedRun:
                     self.bench.server.base_url, public_url(self.bench.server.base_url)
                 )
             ),
-            f"llmspeed: api {s.api} ({self.prompt_form} prompts) · "
+            f"llmspeed: api {s.api} ({'token-id' if self.prompt_form == 'ids' else 'text'} "
+            "prompts) · "
             f"max output {s.max_output} · window {s.duration:g} s · "
             f"contexts {','.join(context_label(c) for c in s.contexts)} · "
             f"concurrency {','.join(map(str, s.concurrency))}",
