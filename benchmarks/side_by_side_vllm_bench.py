@@ -484,6 +484,13 @@ def render(meta: dict[str, Any], rows: dict[int, list[dict[str, Any]]]) -> list[
     return out
 
 
+def results_page(workload: str | None, trust_env: str | None) -> Path:
+    """The default results page of a run with these options (older runs saved neither)."""
+    suffix = "_same_text" if workload == "same-text" else ""
+    suffix += "_no_trust_env" if trust_env == "off" else ""
+    return ROOT / f"benchmarks/results/vllm_bench_side_by_side{suffix}.md"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", type=int, default=1024, help="C, prompt tokens")
@@ -519,19 +526,13 @@ def main() -> None:
         saved = json.loads(args.render.read_text())
         rows_saved = {int(k): v for k, v in saved["rows"].items()}
         md = render(saved["meta"], rows_saved)
-        out = args.out or ROOT / (
-            "benchmarks/results/vllm_bench_side_by_side"
-            + ("_same_text" if saved["meta"].get("workload") == "same-text" else "")
-            + ("_no_trust_env" if saved["meta"].get("vllm_trust_env") == "off" else "")
-            + ".md"
-        )
+        meta = saved["meta"]
+        out = args.out or results_page(meta.get("workload"), meta.get("vllm_trust_env"))
         out.write_text("\n".join(md))
         print(f"[side-by-side] wrote {out}")
         return
     if args.out is None:
-        suffix = "" if args.workload == "random" else "_same_text"
-        suffix += "" if args.vllm_trust_env == "on" else "_no_trust_env"
-        args.out = ROOT / f"benchmarks/results/vllm_bench_side_by_side{suffix}.md"
+        args.out = results_page(args.workload, args.vllm_trust_env)
     ns = [int(x) for x in args.concurrency.split(",")]
     c, m = args.context, args.max_output
     if args.workload == "same-text":

@@ -239,17 +239,9 @@ class PromptFactory:
         while count > target and words:  # from below, so that fillers can close the gap
             del words[-1]
             count = await self._count(text())
-        body, tail = text(), ""
-        while count < target:
-            for filler in _FILLERS:
-                got = await self._count(body + tail + filler)
-                if count < got <= target:
-                    tail, count = tail + filler, got
-                    break
-            else:
-                break
-        if count == target:
-            return body + tail
+        fill = await self._close(text(), "", target, count)
+        if fill is not None:
+            return text() + fill
         fix = "--llm-prompt-form=ids" if self.api == "completions" else "--llm-api=completions"
         raise PromptError(
             f"could not size a text prompt to exactly {target} tokens with /tokenize "
@@ -311,10 +303,14 @@ class PromptFactory:
         self._templates[context] = template
         return template
 
-    async def _close(self, head: str, tail: str, target: int) -> str | None:
-        """Fillers between ``head`` and ``tail`` so that the prompt has ``target`` tokens."""
+    async def _close(
+        self, head: str, tail: str, target: int, count: int | None = None
+    ) -> str | None:
+        """Fillers between ``head`` and ``tail`` so that the prompt has ``target`` tokens
+        (``count``: the tokens of head + tail, when known); None if they cannot."""
         fill = ""
-        count = await self._count(head + tail)
+        if count is None:
+            count = await self._count(head + tail)
         while count < target:
             for filler in _FILLERS:
                 got = await self._count(head + fill + filler + tail)

@@ -119,7 +119,7 @@ class LLMSpeedRun:
         factory = self.bench.factory if self.bench else None
         if factory is None:
             return self.settings.effective_prompt_form
-        return "text" if factory.text or factory.api == "chat" else "ids"
+        return "ids" if factory.uses_ids else "text"
 
     def comparable(self) -> dict[str, Any]:
         """The run settings a baseline must share to be compared with this run."""
