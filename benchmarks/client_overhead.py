@@ -6,7 +6,7 @@ alone, against a raw asyncio server on loopback that stamps the moment a request
 in (one clock, one process) and answers at once. Both clients run in one event loop, requests
 alternating, the same body (a 1,024-token-sized text prompt and the plugin's fields):
 
-- plugin: ``pytest_llmspeed.client.stream_request`` on the plugin's ``Connection``;
+- plugin: ``pytest_llmspeed.core.client.stream_request`` on the plugin's ``Connection``;
 - vllm: vLLM's own ``async_request_openai_completions`` on a session built as
   ``vllm bench serve`` builds it (``trust_env=True``), and once more with ``trust_env=False``.
 
@@ -76,7 +76,7 @@ async def measure(requests: int) -> dict[str, dict[str, float]]:
         async_request_openai_completions,
     )
 
-    from pytest_llmspeed.client import Connection, account_tokens, stream_request
+    from pytest_llmspeed.core.client import Connection, account_tokens, stream_request
 
     seen: list[float] = []
     server = await asyncio.start_server(lambda r, w: _serve(r, w, seen), "127.0.0.1", 0)

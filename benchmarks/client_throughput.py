@@ -18,10 +18,10 @@ import sys
 
 import numpy as np
 
-from pytest_llmspeed.client import Connection
-from pytest_llmspeed.probe import probe
-from pytest_llmspeed.prompts import PromptFactory
-from pytest_llmspeed.protocol import negotiate, run_decode, run_prefill
+from pytest_llmspeed.core.client import Connection
+from pytest_llmspeed.core.probe import probe
+from pytest_llmspeed.core.prompts import PromptFactory
+from pytest_llmspeed.core.protocol import negotiate, run_decode, run_prefill
 
 
 def server_truth(requests: list[dict], w0: float, w1: float) -> tuple[int, float]:
@@ -75,8 +75,17 @@ def main() -> None:
     ap.add_argument("--max-output", type=int, default=1024)
     args = ap.parse_args()
     cmd = [
-        sys.executable, "-m", "pytest_llmspeed.sim", "--profile", "tiny", "--port", "0",
-        "--speed", str(args.speed), "--kv-capacity", str(4 * 1024 * 1024),
+        sys.executable,
+        "-m",
+        "pytest_llmspeed.sim",
+        "--profile",
+        "tiny",
+        "--port",
+        "0",
+        "--speed",
+        str(args.speed),
+        "--kv-capacity",
+        str(4 * 1024 * 1024),
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:

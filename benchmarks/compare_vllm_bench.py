@@ -55,10 +55,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
-from pytest_llmspeed.bench import Bench, BenchConfig  # noqa: E402
-from pytest_llmspeed.client import StreamRecord  # noqa: E402
-from pytest_llmspeed.protocol import DecodeResult, request_fields  # noqa: E402
-from pytest_llmspeed.stats import DecodeStats, RequestTrace, decode_stats  # noqa: E402
+from pytest_llmspeed.core.bench import Bench, BenchConfig  # noqa: E402
+from pytest_llmspeed.core.client import StreamRecord  # noqa: E402
+from pytest_llmspeed.core.protocol import DecodeResult, request_fields  # noqa: E402
+from pytest_llmspeed.core.stats import DecodeStats, RequestTrace, decode_stats  # noqa: E402
 from tests.vllm_server import VllmServer, _Servers, offline_env, vllm_home  # noqa: E402
 
 SUFFIX = 32  # the plugin's unique suffix (prompts.SUFFIX_TOKENS)
@@ -389,8 +389,9 @@ def co_sent(sends: list[float], within_s: float = 0.02) -> float:
     return float(np.mean(hi - lo))
 
 
-def ttft_by_bunch(sends: list[float], ttfts_ms: list[float], n: int,
-                  within_s: float = 0.02) -> dict[str, Any]:
+def ttft_by_bunch(
+    sends: list[float], ttfts_ms: list[float], n: int, within_s: float = 0.02
+) -> dict[str, Any]:
     """Median TTFT of the requests sent together with all N − 1 others (within ``within_s``)
     and of the rest: the same arrival shape in both tools, so these compare like with like."""
     t = np.asarray(sends)
@@ -452,9 +453,7 @@ def decode_row(
             "means": plugin_means(res.records),
             "stalled": stalled([r.token_times for r in res.records]),
             "co_sent": co_sent([r.t_send for r in res.records]),
-            "bunch": ttft_by_bunch(
-                [r.t_send for r in res.records if r.token_times], p_ttft, n
-            ),
+            "bunch": ttft_by_bunch([r.t_send for r in res.records if r.token_times], p_ttft, n),
             "ttft_p10_50_90": _pcts(p_ttft),
             "client_cores": sampler.cores("plugin", p0, p1),
             "server_cores": sampler.cores("server", p0, p1),
@@ -484,9 +483,7 @@ def decode_row(
             "token_count_mismatch": mismatched,
             "stalled": stalled([list(t.token_times) for t in traces]),
             "co_sent": co_sent([t.t_send for t in traces]),
-            "bunch": ttft_by_bunch(
-                list(vb["start_times"]), [x * 1e3 for x in vb["ttfts"]], n
-            ),
+            "bunch": ttft_by_bunch(list(vb["start_times"]), [x * 1e3 for x in vb["ttfts"]], n),
             "ttft_p10_50_90": _pcts([x * 1e3 for x in vb["ttfts"]]),
             "client_cores": sampler.cores(vllm_key, w0, w1),
             "server_cores": sampler.cores("server", w0, w1),
@@ -581,15 +578,12 @@ def paired_table(rows: list[list[dict[str, Any]]]) -> list[str]:
     pair cancels the server's drift between pairs (seen: ±20 % on this machine); the median of
     the pairs' ratios is the comparison."""
     out = [
-        "| cell | figure | plugin ÷ vllm, each pair | median of the pairs | within "
-        f"{AGREE:.0%} |",
+        f"| cell | figure | plugin ÷ vllm, each pair | median of the pairs | within {AGREE:.0%} |",
         "| --- | --- | --- | ---: | --- |",
     ]
     for reps in rows:
         for label, a, b, _ in PAIRED:
-            ratios = [
-                _get(r, a) / _get(r, b) for r in reps if _get(r, a) and _get(r, b)
-            ]
+            ratios = [_get(r, a) / _get(r, b) for r in reps if _get(r, a) and _get(r, b)]
             if not ratios:
                 continue
             out.append(_paired_row(reps[0]["n"], label, ratios))
@@ -903,9 +897,12 @@ def render(meta: dict[str, Any], prefill: dict[str, Any], by_n: list[list[dict]]
         f"{meta['priority']} (`--server-nice`).",
         "",
         f"API: {a.get('api', 'completions')} ("
-        + ("both tools send text through the chat template: `--llm-api chat`, vllm "
-           "`--backend openai-chat`" if a.get("api") == "chat" else
-           "the plugin sends token ids, vllm text: `--backend vllm`")
+        + (
+            "both tools send text through the chat template: `--llm-api chat`, vllm "
+            "`--backend openai-chat`"
+            if a.get("api") == "chat"
+            else "the plugin sends token ids, vllm text: `--backend vllm`"
+        )
         + "). "
         f"Workload: C = {c} prompt tokens, M = {m} output tokens, `ignore_eos`. Plugin: "
         f"{a['prefill_cells']} prefill cells (each in a fresh run, so on a new prefix), then "
@@ -917,9 +914,12 @@ def render(meta: dict[str, Any], prefill: dict[str, Any], by_n: list[list[dict]]
         f"--random-input-len {c} --random-output-len 1 --max-concurrency 1 --num-prompts "
         f"{a['prefill_prompts']}`. {a['repeats']} runs per N, the two tools' runs back to back, "
         f"the first alternating"
-        + (f", after {a['warm_up']:g} s of load at N in flight (a plugin cell on a prefix of its "
-           "own, not measured) so that neither tool starts on an idle server"
-           if a.get("warm_up") else "")
+        + (
+            f", after {a['warm_up']:g} s of load at N in flight (a plugin cell on a prefix of its "
+            "own, not measured) so that neither tool starts on an idle server"
+            if a.get("warm_up")
+            else ""
+        )
         + f". {vllm_fields}",
         "",
         f"The machine is shared: every run started after other processes had used < "

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from pytest_llmspeed.probe import SNAPSHOT_FAMILIES, parse_metrics, snapshot  # noqa: E402
+from pytest_llmspeed.core.probe import SNAPSHOT_FAMILIES, parse_metrics, snapshot  # noqa: E402
 from tests.vllm_server import offline_env, vllm_home  # noqa: E402
 
 

@@ -30,12 +30,24 @@ K = 1024
 M = 4096
 WINDOW = 30.0
 SUFFIX = 32
-CONTEXTS = {"8K": 8 * K, "16K": 16 * K, "32K": 32 * K, "64K": 64 * K, "128K": 128 * K,
-            "251K": 251 * K}
+CONTEXTS = {
+    "8K": 8 * K,
+    "16K": 16 * K,
+    "32K": 32 * K,
+    "64K": 64 * K,
+    "128K": 128 * K,
+    "251K": 251 * K,
+}
 CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128)
-REF_PREFILL = {"8K": (10100.0, 815), "16K": (9776.0, 1659), "32K": (9334.0, 3459),
-               "64K": (8575.0, 7513), "128K": (7284.0, 17669), "251K": (5621.0, 44867),
-               "256K": (5589.0, 46018)}
+REF_PREFILL = {
+    "8K": (10100.0, 815),
+    "16K": (9776.0, 1659),
+    "32K": (9334.0, 3459),
+    "64K": (8575.0, 7513),
+    "128K": (7284.0, 17669),
+    "251K": (5621.0, 44867),
+    "256K": (5589.0, 46018),
+}
 REF_DECODE = {
     "8K": (148.2, 281.6, 538.0, 994.8, 1674.3, 2489.7, 3104.6, None),
     "16K": (142.5, 277.2, 526.9, 965.0, 1561.1, 2206.7, 2676.1, None),
@@ -139,8 +151,11 @@ class VirtualRun:
             tokens += count
             if count >= 2 and inside[-1][0] > inside[0][0]:
                 rates.append((count, (count - 1) / (inside[-1][0] - inside[0][0])))
-        ttfts = [r.first_token_time - r.arrival for r in logs
-                 if r.first_token_time is not None and r.first_token_time <= end]
+        ttfts = [
+            r.first_token_time - r.arrival
+            for r in logs
+            if r.first_token_time is not None and r.first_token_time <= end
+        ]
         for req in list(logs):
             core.abort(req)
         self.now = max(self.now, end)
@@ -175,18 +190,27 @@ def report(profile: Profile, seed: int) -> tuple[str, float]:
     """Markdown tables and the worst relative error over the fitted figures."""
     prefill, decode = predict(profile, seed)
     worst = 0.0
-    lines = ["### Prefill (cold prompt, one request)", "",
-             "| context | ref tok/s | model tok/s | diff | ref TTFT ms | model TTFT ms | diff |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "### Prefill (cold prompt, one request)",
+        "",
+        "| context | ref tok/s | model tok/s | diff | ref TTFT ms | model TTFT ms | diff |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for label, (ref_tps, ref_ttft) in REF_PREFILL.items():
         tps, ttft = prefill[label]
         worst = max(worst, abs(tps / ref_tps - 1), abs(ttft / ref_ttft - 1))
-        lines.append(f"| {label} | {ref_tps:,.0f} | {tps:,.0f} | {_pct(tps, ref_tps)} | "
-                     f"{ref_ttft:,} | {ttft:,.0f} | {_pct(ttft, ref_ttft)} |")
-    lines += ["", "### Sustained decode, total tok/s (N streams, 4096-token outputs, 30 s)", "",
-              "| context | N | ref tok/s | model tok/s | diff | model per-request tok/s "
-              "| ref TTFT ms | model TTFT ms |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines.append(
+            f"| {label} | {ref_tps:,.0f} | {tps:,.0f} | {_pct(tps, ref_tps)} | "
+            f"{ref_ttft:,} | {ttft:,.0f} | {_pct(ttft, ref_ttft)} |"
+        )
+    lines += [
+        "",
+        "### Sustained decode, total tok/s (N streams, 4096-token outputs, 30 s)",
+        "",
+        "| context | N | ref tok/s | model tok/s | diff | model per-request tok/s "
+        "| ref TTFT ms | model TTFT ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for label in CONTEXTS:
         for i, n in enumerate(CONCURRENCY):
             ref = REF_DECODE[label][i]
@@ -194,13 +218,19 @@ def report(profile: Profile, seed: int) -> tuple[str, float]:
             if ref is None or res is None:
                 continue
             worst = max(worst, abs(res.total_tps / ref - 1))
-            lines.append(f"| {label} | {n} | {ref:,.1f} | {res.total_tps:,.1f} | "
-                         f"{_pct(res.total_tps, ref)} | {res.per_request_tps:,.1f} | "
-                         f"{REF_DECODE_TTFT_MS[label][i]:,} | {res.ttft_ms:,.0f} |")
+            lines.append(
+                f"| {label} | {n} | {ref:,.1f} | {res.total_tps:,.1f} | "
+                f"{_pct(res.total_tps, ref)} | {res.per_request_tps:,.1f} | "
+                f"{REF_DECODE_TTFT_MS[label][i]:,} | {res.ttft_ms:,.0f} |"
+            )
     cap = profile.kv_capacity_tokens
-    lines += ["", f"### Over capacity: N x (C + {M}) > {cap:,} tokens", "",
-              "| context | " + " | ".join(str(n) for n in CONCURRENCY) + " |",
-              "| --- |" + " :---: |" * len(CONCURRENCY)]
+    lines += [
+        "",
+        f"### Over capacity: N x (C + {M}) > {cap:,} tokens",
+        "",
+        "| context | " + " | ".join(str(n) for n in CONCURRENCY) + " |",
+        "| --- |" + " :---: |" * len(CONCURRENCY),
+    ]
     over = agree = 0
     for label, c in CONTEXTS.items():
         cells = []
@@ -209,12 +239,17 @@ def report(profile: Profile, seed: int) -> tuple[str, float]:
             ref_over = REF_DECODE[label][i] is None
             over += model_over
             agree += model_over == ref_over
-            cells.append(("over" if model_over else "fits") + ("" if model_over == ref_over
-                                                                else " (MISMATCH)"))
+            cells.append(
+                ("over" if model_over else "fits")
+                + ("" if model_over == ref_over else " (MISMATCH)")
+            )
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     total = len(CONTEXTS) * len(CONCURRENCY)
-    lines += ["", f"Over-capacity cells: {over} (reference: 16); cells agreeing with the "
-              f"reference: {agree} of {total}."]
+    lines += [
+        "",
+        f"Over-capacity cells: {over} (reference: 16); cells agreeing with the "
+        f"reference: {agree} of {total}.",
+    ]
     return "\n".join(lines), worst
 
 
@@ -225,8 +260,10 @@ def main() -> None:
     args = parser.parse_args()
     text, worst = report(get_profile(args.profile), args.seed)
     print(text)
-    print(f"\nWorst relative error over prefill tok/s, prefill TTFT and decode total tok/s: "
-          f"{worst * 100:.1f}%")
+    print(
+        f"\nWorst relative error over prefill tok/s, prefill TTFT and decode total tok/s: "
+        f"{worst * 100:.1f}%"
+    )
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import platform
 import time
 from pathlib import Path
 
-from pytest_llmspeed.prompts import Prompt
+from pytest_llmspeed.core.prompts import Prompt
 
 OUT = Path(__file__).resolve().parent / "results" / "request_encoding.md"
 FIELDS = {

@@ -66,8 +66,8 @@ cmp = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = cmp
 _spec.loader.exec_module(cmp)
 
-from pytest_llmspeed.bench import Bench, BenchConfig  # noqa: E402
-from pytest_llmspeed.protocol import request_fields, run_decode  # noqa: E402
+from pytest_llmspeed.core.bench import Bench, BenchConfig  # noqa: E402
+from pytest_llmspeed.core.protocol import request_fields, run_decode  # noqa: E402
 from tests.vllm_server import _Servers, vllm_home  # noqa: E402
 
 FIGURES = ("ttft_ms", "tbt_ms", "tok_s")

@@ -28,14 +28,19 @@ ROOT = Path(__file__).resolve().parents[1]
 MARK = b'"completion_tokens":'
 
 
-
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _stream_forever(session: aiohttp.ClientSession, url: str, body: dict,
-                          counts: list[int], stop: asyncio.Event, errors: list[str]) -> None:
+async def _stream_forever(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict,
+    counts: list[int],
+    stop: asyncio.Event,
+    errors: list[str],
+) -> None:
     while not stop.is_set():
         last = 0
         try:
@@ -62,17 +67,25 @@ async def _stream_forever(session: aiohttp.ClientSession, url: str, body: dict,
 
 
 async def drive(base: str, streams: int, seconds: float, max_tokens: int) -> tuple[int, float]:
-    body = {"model": "tiny", "prompt": list(range(1000, 1064)), "max_tokens": max_tokens,
-            "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    body = {
+        "model": "tiny",
+        "prompt": list(range(1000, 1064)),
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
     counts = [0]
     errors: list[str] = []
     stop = asyncio.Event()
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn) as session:
-        tasks = [asyncio.create_task(_stream_forever(session, base + "/v1/completions", body,
-                                                     counts, stop, errors))
-                 for _ in range(streams)]
+        tasks = [
+            asyncio.create_task(
+                _stream_forever(session, base + "/v1/completions", body, counts, stop, errors)
+            )
+            for _ in range(streams)
+        ]
         await asyncio.sleep(1.0)  # warm-up: every stream started
         start_count, start = counts[0], time.perf_counter()
         await asyncio.sleep(seconds)
@@ -96,13 +109,25 @@ def main() -> None:
     args = parser.parse_args()
 
     pin = shutil.which("taskset") is not None and (os.cpu_count() or 1) >= 2
-    cmd = [sys.executable, "-m", "pytest_llmspeed.sim", "--profile", "tiny", "--port", "0",
-           "--speed", str(args.speed), "--stream-interval", str(args.stream_interval)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest_llmspeed.sim",
+        "--profile",
+        "tiny",
+        "--port",
+        "0",
+        "--speed",
+        str(args.speed),
+        "--stream-interval",
+        str(args.stream_interval),
+    ]
     if pin:
         cmd = ["taskset", "-c", "0", *cmd]
         os.sched_setaffinity(0, {1})
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep
-               + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None
@@ -119,11 +144,15 @@ def main() -> None:
         proc.terminate()
         proc.wait(timeout=10)
     rate = tokens / elapsed
-    print(f"streams={args.streams} speed={args.speed:g} stream_interval={args.stream_interval} "
-          f"pinned={'yes (server core 0, client core 1)' if pin else 'no'}")
-    print(f"tokens={tokens} in {elapsed:.2f} s -> {rate:,.0f} tokens/s; "
-          f"simulator CPU {cpu * 100:.0f}% of one core "
-          f"(= {rate / max(cpu, 1e-9):,.0f} tokens per simulator CPU-second)")
+    print(
+        f"streams={args.streams} speed={args.speed:g} stream_interval={args.stream_interval} "
+        f"pinned={'yes (server core 0, client core 1)' if pin else 'no'}"
+    )
+    print(
+        f"tokens={tokens} in {elapsed:.2f} s -> {rate:,.0f} tokens/s; "
+        f"simulator CPU {cpu * 100:.0f}% of one core "
+        f"(= {rate / max(cpu, 1e-9):,.0f} tokens per simulator CPU-second)"
+    )
 
 
 if __name__ == "__main__":

@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-try:
-    import pytest_llmspeed.sim  # noqa: F401
-except ImportError:  # not installed: use the source tree
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from pytest_llmspeed.sim import SimOptions, running_simulator
 

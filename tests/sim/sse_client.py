@@ -69,8 +69,12 @@ class StreamResult:
         return None
 
 
-async def stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
-                 headers: dict[str, str] | None = None) -> StreamResult:
+async def stream(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str] | None = None,
+) -> StreamResult:
     """POST a streaming request and record every event with its arrival time."""
     body = {**body, "stream": True}
     body.setdefault("stream_options", {"include_usage": True, "continuous_usage_stats": True})
@@ -89,9 +93,10 @@ async def stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
                     raw, buf = buf.split(b"\n\n", 1)
                     line = raw.decode()
                     assert line.startswith("data: "), line
-                    payload = line[len("data: "):]
+                    payload = line[len("data: ") :]
                     result.events.append(
-                        Event(t, payload if payload == "[DONE]" else json.loads(payload)))
+                        Event(t, payload if payload == "[DONE]" else json.loads(payload))
+                    )
         except aiohttp.ClientPayloadError as exc:
             result.error = repr(exc)
     return result

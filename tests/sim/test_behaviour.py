@@ -28,8 +28,11 @@ def ids(n: int, seed: int) -> list[int]:
 async def test_stream_interval_buffers_tokens() -> None:
     with running_simulator(SimOptions(speed=20, stream_interval=5)) as url:
         async with aiohttp.ClientSession() as s:
-            res = await stream(s, url + "/v1/completions",
-                               {"prompt": ids(10, 1), "max_tokens": 203, "ignore_eos": True})
+            res = await stream(
+                s,
+                url + "/v1/completions",
+                {"prompt": ids(10, 1), "max_tokens": 203, "ignore_eos": True},
+            )
     incs = [n for _, n in res.token_increments()]
     assert sum(incs) == 203
     assert incs[0] == 1  # the first token is sent at once
@@ -46,14 +49,18 @@ async def test_api_key() -> None:
                     assert resp.status == 401
                     err = (await resp.json())["error"]
                     assert {"message", "type", "code"} <= set(err) and err["code"] == 401
-            async with s.post(url + "/v1/completions", json={"prompt": "hi"},
-                              headers={"Authorization": "Bearer wrong"}) as resp:
+            async with s.post(
+                url + "/v1/completions",
+                json={"prompt": "hi"},
+                headers={"Authorization": "Bearer wrong"},
+            ) as resp:
                 assert resp.status == 401
             good = {"Authorization": "Bearer s3cret"}
             async with s.get(url + "/v1/models", headers=good) as resp:
                 assert resp.status == 200
-            res = await stream(s, url + "/v1/completions", {"prompt": "hi", "max_tokens": 3},
-                               headers=good)
+            res = await stream(
+                s, url + "/v1/completions", {"prompt": "hi", "max_tokens": 3}, headers=good
+            )
             assert res.status == 200 and res.events[-1].data == "[DONE]"
             for path in ("/health", "/metrics", "/version"):  # as vLLM: only /v1 is guarded
                 async with s.get(url + path) as resp:
@@ -66,9 +73,12 @@ async def test_admission_under_kv_pressure() -> None:
     with running_simulator(opts) as url:
         async with aiohttp.ClientSession() as s:
             body = {"max_tokens": 1000, "ignore_eos": True}
-            tasks = [asyncio.create_task(stream(s, url + "/v1/completions",
-                                                {**body, "prompt": ids(1000, 50 + i)}))
-                     for i in range(3)]
+            tasks = [
+                asyncio.create_task(
+                    stream(s, url + "/v1/completions", {**body, "prompt": ids(1000, 50 + i)})
+                )
+                for i in range(3)
+            ]
             await asyncio.sleep(0.15)
             m = await metrics(s, url)
             results = await asyncio.gather(*tasks)
@@ -147,17 +157,22 @@ async def test_stop_with_streams_in_flight_is_clean(caplog: pytest.LogCaptureFix
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         async with aiohttp.ClientSession() as s:
-            task = asyncio.create_task(stream(s, url + "/v1/completions",
-                                              {"prompt": ids(100, 1), "max_tokens": 20000}))
+            task = asyncio.create_task(
+                stream(s, url + "/v1/completions", {"prompt": ids(100, 1), "max_tokens": 20000})
+            )
             await asyncio.sleep(0.3)
             await asyncio.to_thread(cm.__exit__, None, None, None)
             res = await asyncio.wait_for(task, 5)
         gc.collect()
     assert res.events and all(e.data != "[DONE]" for e in res.events)
-    assert not [w for w in caught if "unclosed" in str(w.message).lower()
-                or "never awaited" in str(w.message)]
+    assert not [
+        w
+        for w in caught
+        if "unclosed" in str(w.message).lower() or "never awaited" in str(w.message)
+    ]
     assert not [r for r in caplog.records if r.name.startswith(("asyncio", "aiohttp"))], [
-        r.getMessage() for r in caplog.records]
+        r.getMessage() for r in caplog.records
+    ]
 
 
 def test_start_failure_is_reported() -> None:
@@ -165,7 +180,8 @@ def test_start_failure_is_reported() -> None:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        with pytest.raises(RuntimeError, match="address already in use"), running_simulator(
-            SimOptions(port=port)
+        with (
+            pytest.raises(RuntimeError, match="address already in use"),
+            running_simulator(SimOptions(port=port)),
         ):
             pass

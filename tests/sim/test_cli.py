@@ -21,8 +21,13 @@ def _env() -> dict[str, str]:
 
 
 def _start(*args: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "pytest_llmspeed.sim", "--port", "0", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest_llmspeed.sim", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
@@ -37,16 +42,20 @@ def test_cli_serves_and_stops_cleanly(sig: signal.Signals) -> None:
         with urllib.request.urlopen(url + "/health", timeout=5) as resp:
             assert resp.status == 200
         req = urllib.request.Request(
-            url + "/v1/completions", method="POST",
+            url + "/v1/completions",
+            method="POST",
             data=json.dumps({"prompt": [400, 401], "max_tokens": 5}).encode(),
-            headers={"Content-Type": "application/json"})
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=5) as resp:
             assert json.load(resp)["usage"]["completion_tokens"] == 5
         # a stream left open while the server stops
         stream_req = urllib.request.Request(
-            url + "/v1/completions", method="POST",
+            url + "/v1/completions",
+            method="POST",
             data=json.dumps({"prompt": [400], "max_tokens": 30000, "stream": True}).encode(),
-            headers={"Content-Type": "application/json"})
+            headers={"Content-Type": "application/json"},
+        )
         held = urllib.request.urlopen(stream_req, timeout=5)
         held.readline()
         proc.send_signal(sig)
@@ -72,18 +81,41 @@ def test_cli_serves_and_stops_cleanly(sig: signal.Signals) -> None:
     ],
 )
 def test_cli_bad_args(args: list[str], needle: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "pytest_llmspeed.sim", *args],
-                          capture_output=True, text=True, env=_env(), timeout=20)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest_llmspeed.sim", *args],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=20,
+    )
     assert proc.returncode == 2
     assert needle in proc.stderr and "usage:" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 def test_cli_help_documents_every_option() -> None:
-    proc = subprocess.run([sys.executable, "-m", "pytest_llmspeed.sim", "--help"],
-                          capture_output=True, text=True, env=_env(), timeout=20)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest_llmspeed.sim", "--help"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=20,
+    )
     assert proc.returncode == 0
-    for opt in ("--profile", "--host", "--port", "--speed", "--kv-capacity", "--max-model-len",
-                "--noise", "--seed", "--api-key", "--stream-interval", "--faults",
-                "h200-qwen3.5-27b-int4", "burst503", "stall_s"):
+    for opt in (
+        "--profile",
+        "--host",
+        "--port",
+        "--speed",
+        "--kv-capacity",
+        "--max-model-len",
+        "--noise",
+        "--seed",
+        "--api-key",
+        "--stream-interval",
+        "--faults",
+        "h200-qwen3.5-27b-int4",
+        "burst503",
+        "stall_s",
+    ):
         assert opt in proc.stdout, opt

@@ -53,8 +53,9 @@ def test_unknown_option_lists_valid_ones() -> None:
 
 
 def test_fault_grammar() -> None:
-    spec = parse_faults("start500=0.05, midstream=0.01,drop=0.01,stall=0.01,burst503=0.02,"
-                        "stall_s=2s,burst-s=0.5")
+    spec = parse_faults(
+        "start500=0.05, midstream=0.01,drop=0.01,stall=0.01,burst503=0.02,stall_s=2s,burst-s=0.5"
+    )
     assert spec == FaultSpec(0.05, 0.01, 0.01, 0.01, 0.02, 2.0, 0.5)
     assert spec.any
     assert not parse_faults(None).any

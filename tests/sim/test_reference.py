@@ -27,20 +27,25 @@ async def test_8k_prefill_ttft_prefix_hit_and_single_stream_decode() -> None:
     with running_simulator(SimOptions(profile=PROFILE, speed=1.0)) as url:
         async with aiohttp.ClientSession() as s:
             before = await metrics(s, url)
-            cold = await stream(s, url + "/v1/completions",
-                                {"prompt": prefix + suffix, "max_tokens": 1})
-            again = await stream(s, url + "/v1/completions",
-                                 {"prompt": prefix + suffix, "max_tokens": 1})
+            cold = await stream(
+                s, url + "/v1/completions", {"prompt": prefix + suffix, "max_tokens": 1}
+            )
+            again = await stream(
+                s, url + "/v1/completions", {"prompt": prefix + suffix, "max_tokens": 1}
+            )
             after = await metrics(s, url)
             other = [random.Random(10).randrange(300, 32000) for _ in range(32)]
-            decode = await stream(s, url + "/v1/completions",
-                                  {"prompt": prefix + other, "max_tokens": 600,
-                                   "ignore_eos": True})
+            decode = await stream(
+                s,
+                url + "/v1/completions",
+                {"prompt": prefix + other, "max_tokens": 600, "ignore_eos": True},
+            )
     assert cold.final_usage["prompt_tokens"] == 8192
     assert abs(cold.ttft / 0.815 - 1) <= 0.10, cold.ttft
     assert again.ttft * 4 < cold.ttft, (again.ttft, cold.ttft)
-    hits = value(after, "vllm:prefix_cache_hits_total") - value(before,
-                                                                "vllm:prefix_cache_hits_total")
+    hits = value(after, "vllm:prefix_cache_hits_total") - value(
+        before, "vllm:prefix_cache_hits_total"
+    )
     assert hits == 8176  # all of the prompt but its last block
     incs = decode.token_increments()
     rate = (sum(n for _, n in incs) - incs[0][1]) / (incs[-1][0] - incs[0][0])
@@ -64,8 +69,9 @@ def test_over_capacity_cells_match_the_reference() -> None:
 
 def test_fit_within_ten_percent() -> None:
     """Every valid reference cell, predicted on a virtual clock (benchmarks/reference_fit.py)."""
-    spec = importlib.util.spec_from_file_location("reference_fit",
-                                                  ROOT / "benchmarks" / "reference_fit.py")
+    spec = importlib.util.spec_from_file_location(
+        "reference_fit", ROOT / "benchmarks" / "reference_fit.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up

@@ -64,12 +64,20 @@ async def test_health_version_models(tiny_url: str) -> None:
 async def test_metrics_names_and_cache_config(tiny_url: str) -> None:
     async with aiohttp.ClientSession() as s:
         m = await metrics(s, tiny_url)
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
-                 "vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total",
-                 "vllm:generation_tokens_total", "vllm:prefix_cache_queries_total",
-                 "vllm:prefix_cache_hits_total", "vllm:time_to_first_token_seconds_bucket",
-                 "vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_sum",
-                 "llmspeed_sim_info", "llmspeed_sim_late_steps_total"):
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:inter_token_latency_seconds_sum",
+        "llmspeed_sim_info",
+        "llmspeed_sim_late_steps_total",
+    ):
         assert name in m, name
     info = m["vllm:cache_config_info"][0].labels
     assert info["kv_cache_size_tokens"] == "131072"
@@ -82,8 +90,9 @@ async def test_tokenize_detokenize_and_prompt_tokens_agree(tiny_url: str) -> Non
     text = "The river flows past the mountain, 42 times; naïve café 😀!"
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}]
     async with aiohttp.ClientSession() as s:
-        status, tok = await post_json(s, tiny_url + "/tokenize",
-                                      {"prompt": text, "return_token_strs": True})
+        status, tok = await post_json(
+            s, tiny_url + "/tokenize", {"prompt": text, "return_token_strs": True}
+        )
         assert status == 200
         assert set(tok) == {"count", "max_model_len", "tokens", "token_strs"}
         assert tok["count"] == len(tok["tokens"]) == len(tok["token_strs"])
@@ -91,41 +100,60 @@ async def test_tokenize_detokenize_and_prompt_tokens_agree(tiny_url: str) -> Non
         status, detok = await post_json(s, tiny_url + "/detokenize", {"tokens": tok["tokens"]})
         assert status == 200 and isinstance(detok["prompt"], str)
         # text prompt, token-id prompt and /tokenize agree
-        status, body = await post_json(s, tiny_url + "/v1/completions",
-                                       {"prompt": text, "max_tokens": 3})
+        status, body = await post_json(
+            s, tiny_url + "/v1/completions", {"prompt": text, "max_tokens": 3}
+        )
         assert body["usage"]["prompt_tokens"] == tok["count"]
-        status, body = await post_json(s, tiny_url + "/v1/completions",
-                                       {"prompt": tok["tokens"], "max_tokens": 3})
+        status, body = await post_json(
+            s, tiny_url + "/v1/completions", {"prompt": tok["tokens"], "max_tokens": 3}
+        )
         assert body["usage"]["prompt_tokens"] == tok["count"]
         # chat: /tokenize of messages == usage.prompt_tokens
         status, chat_tok = await post_json(s, tiny_url + "/tokenize", {"messages": messages})
-        content = tok["count"] + (await post_json(s, tiny_url + "/tokenize",
-                                                  {"prompt": "Be brief."}))[1]["count"]
-        assert chat_tok["count"] == (content + 2 * CHAT_TOKENS_PER_MESSAGE
-                                     + CHAT_GENERATION_PROMPT_TOKENS)
-        status, body = await post_json(s, tiny_url + "/v1/chat/completions",
-                                       {"messages": messages, "max_tokens": 3})
+        content = (
+            tok["count"]
+            + (await post_json(s, tiny_url + "/tokenize", {"prompt": "Be brief."}))[1]["count"]
+        )
+        assert chat_tok["count"] == (
+            content + 2 * CHAT_TOKENS_PER_MESSAGE + CHAT_GENERATION_PROMPT_TOKENS
+        )
+        status, body = await post_json(
+            s, tiny_url + "/v1/chat/completions", {"messages": messages, "max_tokens": 3}
+        )
         assert status == 200
         assert body["usage"]["prompt_tokens"] == chat_tok["count"]
-        res = await stream(s, tiny_url + "/v1/chat/completions",
-                           {"messages": messages, "max_tokens": 3})
+        res = await stream(
+            s, tiny_url + "/v1/chat/completions", {"messages": messages, "max_tokens": 3}
+        )
         assert res.final_usage["prompt_tokens"] == chat_tok["count"]
 
 
 @pytest.mark.asyncio
 async def test_non_streaming_shapes(tiny_url: str) -> None:
     async with aiohttp.ClientSession() as s:
-        status, body = await post_json(s, tiny_url + "/v1/completions",
-                                       {"model": "tiny", "prompt": ids(50, 1), "max_tokens": 20,
-                                        "ignore_eos": True})
+        status, body = await post_json(
+            s,
+            tiny_url + "/v1/completions",
+            {"model": "tiny", "prompt": ids(50, 1), "max_tokens": 20, "ignore_eos": True},
+        )
         assert status == 200 and body["object"] == "text_completion"
         choice = body["choices"][0]
         assert choice["finish_reason"] == "length" and choice["text"]
-        assert body["usage"] == {"prompt_tokens": 50, "completion_tokens": 20,
-                                 "total_tokens": 70, "prompt_tokens_details": None}
-        status, body = await post_json(s, tiny_url + "/v1/chat/completions",
-                                       {"messages": [{"role": "user", "content": "hi"}],
-                                        "max_completion_tokens": 30, "ignore_eos": True})
+        assert body["usage"] == {
+            "prompt_tokens": 50,
+            "completion_tokens": 20,
+            "total_tokens": 70,
+            "prompt_tokens_details": None,
+        }
+        status, body = await post_json(
+            s,
+            tiny_url + "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_completion_tokens": 30,
+                "ignore_eos": True,
+            },
+        )
         assert status == 200 and body["object"] == "chat.completion"
         message = body["choices"][0]["message"]
         assert message["role"] == "assistant" and message["content"]
@@ -139,10 +167,13 @@ async def test_streaming_accounting_is_exact(tiny_url: str) -> None:
     async with aiohttp.ClientSession() as s:
         await s.delete(tiny_url + "/sim/trace")
         before = await metrics(s, tiny_url)
-        bodies = [{"prompt": ids(100 + i, 100 + i), "max_tokens": 200 + 37 * i,
-                   "ignore_eos": True} for i in range(6)]
-        results = await asyncio.gather(*(stream(s, tiny_url + "/v1/completions", b)
-                                         for b in bodies))
+        bodies = [
+            {"prompt": ids(100 + i, 100 + i), "max_tokens": 200 + 37 * i, "ignore_eos": True}
+            for i in range(6)
+        ]
+        results = await asyncio.gather(
+            *(stream(s, tiny_url + "/v1/completions", b) for b in bodies)
+        )
         after = await metrics(s, tiny_url)
         trace = await get_json(s, tiny_url + "/sim/trace")
     total_out = total_in = 0
@@ -150,9 +181,11 @@ async def test_streaming_accounting_is_exact(tiny_url: str) -> None:
         assert res.status == 200 and res.events[-1].data == "[DONE]"
         incs = res.token_increments()
         assert sum(n for _, n in incs) == body["max_tokens"]
-        assert res.final_usage == {"prompt_tokens": len(body["prompt"]),
-                                   "completion_tokens": body["max_tokens"],
-                                   "total_tokens": len(body["prompt"]) + body["max_tokens"]}
+        assert res.final_usage == {
+            "prompt_tokens": len(body["prompt"]),
+            "completion_tokens": body["max_tokens"],
+            "total_tokens": len(body["prompt"]) + body["max_tokens"],
+        }
         assert res.chunks[-1].data["choices"][0]["finish_reason"] == "length"
         assert all(c.data["choices"][0]["finish_reason"] is None for c in res.chunks[:-1])
         total_out += body["max_tokens"]
@@ -164,10 +197,12 @@ async def test_streaming_accounting_is_exact(tiny_url: str) -> None:
         # server emission precedes client arrival, by little
         for (ts, _), (tc, _) in zip(rec["chunks"], incs, strict=True):
             assert ts <= tc < ts + 0.5
-    for name, expected in (("vllm:generation_tokens_total", total_out),
-                           ("vllm:prompt_tokens_total", total_in),
-                           ("vllm:prefix_cache_queries_total", total_in),
-                           ("vllm:time_to_first_token_seconds_count", 6)):
+    for name, expected in (
+        ("vllm:generation_tokens_total", total_out),
+        ("vllm:prompt_tokens_total", total_in),
+        ("vllm:prefix_cache_queries_total", total_in),
+        ("vllm:time_to_first_token_seconds_count", 6),
+    ):
         assert value(after, name) - value(before, name) == expected, name
     assert value(after, "vllm:num_requests_running") == 0
     assert trace["clock"] == "perf_counter"
@@ -176,8 +211,11 @@ async def test_streaming_accounting_is_exact(tiny_url: str) -> None:
 @pytest.mark.asyncio
 async def test_multi_token_chunks_and_empty_text_chunks(tiny_url: str) -> None:
     async with aiohttp.ClientSession() as s:
-        res = await stream(s, tiny_url + "/v1/completions",
-                           {"prompt": ids(20, 7), "max_tokens": 2000, "ignore_eos": True})
+        res = await stream(
+            s,
+            tiny_url + "/v1/completions",
+            {"prompt": ids(20, 7), "max_tokens": 2000, "ignore_eos": True},
+        )
     incs = [n for _, n in res.token_increments()]
     assert max(incs) == 3 and min(incs) == 1  # MTP: 1 + up to 2 accepted drafts
     assert sum(1 for n in incs if n > 1) > len(incs) / 3
@@ -188,12 +226,22 @@ async def test_multi_token_chunks_and_empty_text_chunks(tiny_url: str) -> None:
 @pytest.mark.asyncio
 async def test_no_usage_unless_asked(tiny_url: str) -> None:
     async with aiohttp.ClientSession() as s:
-        res = await stream(s, tiny_url + "/v1/completions",
-                           {"prompt": ids(20, 8), "max_tokens": 50, "stream_options": None})
+        res = await stream(
+            s,
+            tiny_url + "/v1/completions",
+            {"prompt": ids(20, 8), "max_tokens": 50, "stream_options": None},
+        )
         assert all("usage" not in e.data for e in res.events if isinstance(e.data, dict))
-        res = await stream(s, tiny_url + "/v1/completions",
-                           {"prompt": ids(20, 8), "max_tokens": 50, "ignore_eos": True,
-                            "stream_options": {"include_usage": True}})
+        res = await stream(
+            s,
+            tiny_url + "/v1/completions",
+            {
+                "prompt": ids(20, 8),
+                "max_tokens": 50,
+                "ignore_eos": True,
+                "stream_options": {"include_usage": True},
+            },
+        )
         assert all("usage" not in c.data for c in res.chunks)
         assert res.final_usage["completion_tokens"] == 50
         assert res.events[-2].data["choices"] == []
@@ -201,12 +249,18 @@ async def test_no_usage_unless_asked(tiny_url: str) -> None:
 
 @pytest.mark.asyncio
 async def test_chat_reasoning_then_content(tiny_url: str) -> None:
-    body = {"messages": [{"role": "user", "content": "think"}], "max_tokens": 40,
-            "ignore_eos": True}
+    body = {
+        "messages": [{"role": "user", "content": "think"}],
+        "max_tokens": 40,
+        "ignore_eos": True,
+    }
     async with aiohttp.ClientSession() as s:
         res = await stream(s, tiny_url + "/v1/chat/completions", body)
-        plain = await stream(s, tiny_url + "/v1/chat/completions",
-                             {**body, "chat_template_kwargs": {"enable_thinking": False}})
+        plain = await stream(
+            s,
+            tiny_url + "/v1/chat/completions",
+            {**body, "chat_template_kwargs": {"enable_thinking": False}},
+        )
     first = res.chunks[0].data["choices"][0]["delta"]
     assert first == {"role": "assistant", "content": ""}
     seen_content = False
@@ -243,34 +297,40 @@ async def test_prefix_cache_hit() -> None:
 @pytest.mark.asyncio
 async def test_errors_400_404(tiny_url: str) -> None:
     async with aiohttp.ClientSession() as s:
-        status, body = await post_json(s, tiny_url + "/v1/completions",
-                                       {"prompt": ids(30000, 1), "max_tokens": 4096})
+        status, body = await post_json(
+            s, tiny_url + "/v1/completions", {"prompt": ids(30000, 1), "max_tokens": 4096}
+        )
         assert status == 400
         err = body["error"]
         assert err["code"] == 400 and err["type"] == "BadRequestError"
         assert "maximum context length is 32768 tokens" in err["message"]
         assert "4096 output tokens and your prompt contains 30000 input tokens" in err["message"]
-        status, body = await post_json(s, tiny_url + "/v1/completions",
-                                       {"prompt": "hi", "max_tokens": 40000})
+        status, body = await post_json(
+            s, tiny_url + "/v1/completions", {"prompt": "hi", "max_tokens": 40000}
+        )
         assert status == 400
-        assert "max_tokens=40000 cannot be greater than max_model_len=32768" in (
-            body["error"]["message"])
-        status, body = await post_json(s, tiny_url + "/v1/completions",
-                                       {"prompt": ids(32768, 1), "max_tokens": 1})
+        assert (
+            "max_tokens=40000 cannot be greater than max_model_len=32768"
+            in (body["error"]["message"])
+        )
+        status, body = await post_json(
+            s, tiny_url + "/v1/completions", {"prompt": ids(32768, 1), "max_tokens": 1}
+        )
         assert status == 400 and "maximum context length" in body["error"]["message"]
         for bad in ([1, 2, 32000], [-1], [5, "x"]):
             status, body = await post_json(s, tiny_url + "/v1/completions", {"prompt": bad})
             assert status == 400, bad
-        status, body = await post_json(s, tiny_url + "/v1/completions",
-                                       {"prompt": [1, 2, 32000]})
+        status, body = await post_json(s, tiny_url + "/v1/completions", {"prompt": [1, 2, 32000]})
         assert "Token id 32000 is out of vocabulary" in body["error"]["message"]
-        status, body = await post_json(s, tiny_url + "/v1/completions",
-                                       {"prompt": "x", "max_tokens": 5, "min_tokens": 9})
+        status, body = await post_json(
+            s, tiny_url + "/v1/completions", {"prompt": "x", "max_tokens": 5, "min_tokens": 9}
+        )
         assert status == 400
         status, body = await post_json(s, tiny_url + "/v1/chat/completions", {"messages": []})
         assert status == 400
-        status, body = await post_json(s, tiny_url + "/v1/completions",
-                                       {"model": "gpt-4", "prompt": "x"})
+        status, body = await post_json(
+            s, tiny_url + "/v1/completions", {"model": "gpt-4", "prompt": "x"}
+        )
         assert status == 404 and "gpt-4" in body["error"]["message"]
         async with s.post(tiny_url + "/v1/completions", data=b"{not json") as resp:
             assert resp.status == 400
@@ -281,9 +341,15 @@ async def test_errors_400_404(tiny_url: str) -> None:
 @pytest.mark.asyncio
 async def test_client_disconnect_frees_the_request(tiny_url: str) -> None:
     async with aiohttp.ClientSession() as s:
-        async with s.post(tiny_url + "/v1/completions",
-                          json={"prompt": ids(100, 3), "max_tokens": 20000 - 100,
-                                "stream": True, "ignore_eos": True}) as resp:
+        async with s.post(
+            tiny_url + "/v1/completions",
+            json={
+                "prompt": ids(100, 3),
+                "max_tokens": 20000 - 100,
+                "stream": True,
+                "ignore_eos": True,
+            },
+        ) as resp:
             await resp.content.readline()
         for _ in range(100):
             m = await metrics(s, tiny_url)
@@ -302,9 +368,16 @@ async def test_trace_clear() -> None:
             trace = await get_json(s, url + "/sim/trace")
             assert len(trace["requests"]) == 1
             rec = trace["requests"][0]
-            assert set(rec) >= {"id", "arrival", "prompt_tokens", "cached_tokens",
-                                "first_token_time", "chunks", "finish_reason",
-                                "completion_tokens"}
+            assert set(rec) >= {
+                "id",
+                "arrival",
+                "prompt_tokens",
+                "cached_tokens",
+                "first_token_time",
+                "chunks",
+                "finish_reason",
+                "completion_tokens",
+            }
             assert rec["arrival"] < rec["first_token_time"]
             async with s.delete(url + "/sim/trace") as resp:
                 assert resp.status == 200
@@ -314,17 +387,27 @@ async def test_trace_clear() -> None:
 @pytest.mark.asyncio
 async def test_quirks_make_a_less_vllm_like_server() -> None:
     """``--quirks``: 422 on vendor fields, no usage in streams, no /metrics, no token ids."""
-    with running_simulator(SimOptions(profile="tiny", speed=20.0, quirks=",".join(
-            ["no-vendor-fields", "no-stream-usage", "no-metrics", "text-only"]))) as url:
+    with running_simulator(
+        SimOptions(
+            profile="tiny",
+            speed=20.0,
+            quirks=",".join(["no-vendor-fields", "no-stream-usage", "no-metrics", "text-only"]),
+        )
+    ) as url:
         async with aiohttp.ClientSession() as s:
-            status, body = await post_json(s, url + "/v1/completions", {
-                "prompt": "hello world", "max_tokens": 4, "ignore_eos": True})
+            status, body = await post_json(
+                s,
+                url + "/v1/completions",
+                {"prompt": "hello world", "max_tokens": 4, "ignore_eos": True},
+            )
             assert status == 422 and body["error"]["param"] == "ignore_eos"
-            status, body = await post_json(s, url + "/v1/completions", {
-                "prompt": ids(20, 1), "max_tokens": 4})
+            status, body = await post_json(
+                s, url + "/v1/completions", {"prompt": ids(20, 1), "max_tokens": 4}
+            )
             assert status == 400 and "'prompt' must be a string" in body["error"]["message"]
-            res = await stream(s, url + "/v1/completions", {"prompt": "hello world there",
-                                                             "max_tokens": 8})
+            res = await stream(
+                s, url + "/v1/completions", {"prompt": "hello world there", "max_tokens": 8}
+            )
             assert res.status == 200 and res.chunks
             assert all("usage" not in e.data for e in res.events if isinstance(e.data, dict))
             async with s.get(url + "/metrics") as resp:

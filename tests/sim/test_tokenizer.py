@@ -16,11 +16,13 @@ TEXT = "The quick brown fox, née Zoë, jumps over 12 lazy dogs!\n\n  snake_case
 
 def test_deterministic_across_processes() -> None:
     ids = Tokenizer().encode(TEXT)
-    code = ("from pytest_llmspeed.sim.tokenizer import Tokenizer;"
-            f"print(Tokenizer().encode({TEXT!r}))")
+    code = (
+        f"from pytest_llmspeed.sim.tokenizer import Tokenizer;print(Tokenizer().encode({TEXT!r}))"
+    )
     env = {"PYTHONHASHSEED": "123", "PYTHONPATH": ":".join(sys.path)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
     assert out.stdout.strip() == str(ids)
 
 
@@ -43,8 +45,10 @@ def test_byte_tokens_decode_as_utf8() -> None:
 
 def test_chat_template_adds_documented_tokens() -> None:
     tok = Tokenizer()
-    messages = [{"role": "system", "content": "be brief"},
-                {"role": "user", "content": [{"type": "text", "text": "hello there"}]}]
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "hello there"}]},
+    ]
     content = len(tok.encode("be brief")) + len(tok.encode("hello there"))
     n = len(tok.apply_chat_template(messages))
     assert n == content + 2 * CHAT_TOKENS_PER_MESSAGE + CHAT_GENERATION_PROMPT_TOKENS

@@ -1,1 +1,2 @@
-"""Reporting: cell records, JSON results written cell by cell, the terminal matrix."""
+"""What a person reads: the terminal matrix, the Markdown summary, JUnit properties, the
+gate's summary. Pure functions of :mod:`pytest_llmspeed.results` records; no pytest import."""

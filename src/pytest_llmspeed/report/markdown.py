@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from tabulate import tabulate
 
-from . import records as R
+from ..results import CellRecord, Phase, Status, order_contexts
 from .terminal import fmt_ms, fmt_rate
 
 
-def summary(
-    title: str, cells: list[dict[str, Any]], regressions: list[str], notes: list[str]
-) -> str:
+def summary(title: str, cells: list[CellRecord], notes: list[str]) -> str:
+    """The step summary: prefill table, decode matrix, the regressions, the run's notes."""
     lines = [f"## {title}", ""]
-    prefill = [c for c in cells if c["phase"] == "prefill"]
-    decode = [c for c in cells if c["phase"] == "decode"]
+    prefill = [c for c in cells if c.phase is Phase.PREFILL]
+    decode = [c for c in cells if c.phase is Phase.DECODE]
+    regressions = [k.message() for c in cells if c.gate for k in c.gate.regressions]
     if prefill:
         rows = [
-            [c["context"], fmt_rate(c.get("prompt_tok_s")), fmt_ms(c.get("ttft_ms"))]
-            if c["status"] == R.VALID
-            else [c["context"], c["status"], ""]
+            [c.context, fmt_rate(c.prompt_tok_s), fmt_ms(c.ttft_ms)]
+            if c.status is Status.VALID
+            else [c.context, c.status.value, ""]
             for c in prefill
         ]
         lines += [
@@ -35,24 +33,21 @@ def summary(
             "",
         ]
     if decode:
-        conc = sorted({c["concurrency"] for c in decode})
-        ctxs: list[str] = []
-        for c in decode:
-            if c["context"] not in ctxs:
-                ctxs.append(c["context"])
-        by = {(c["context"], c["concurrency"]): c for c in decode}
+        conc = sorted({c.concurrency for c in decode})
+        ctxs = order_contexts(decode)
+        by = {(c.context, c.concurrency): c for c in decode}
         rows = []
         for ctx in ctxs:
-            row = [ctx]
+            row: list[str] = [ctx]
             for n in conc:
-                c = by.get((ctx, n))
-                if c is None:
+                cell = by.get((ctx, n))
+                if cell is None:
                     row.append("")
-                elif c.get("total_tok_s") is None:
-                    row.append(c["status"].capitalize())
+                elif cell.total_tok_s is None:
+                    row.append(cell.status.value.capitalize())
                 else:
-                    mark = " ❌" if c["status"] == R.FAILED else ""
-                    row.append(f"{fmt_rate(c['total_tok_s'])} · {fmt_ms(c['ttft_ms'])}{mark}")
+                    mark = " ❌" if cell.status is Status.FAILED else ""
+                    row.append(f"{fmt_rate(cell.total_tok_s)} · {fmt_ms(cell.ttft_ms)}{mark}")
             rows.append(row)
         lines += [
             "**Sustained decode**: total tok/s · TTFT; rows context, columns requests in flight",

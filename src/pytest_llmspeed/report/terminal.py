@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable
 
 from tabulate import tabulate
 
-from . import records as R
+from ..gate.baseline import Baseline
+from ..gate.verdict import not_measured
+from ..results import CellRecord, Outcome, Phase, Status, order_contexts
 
-_MARK = {
-    R.OVER_CAPACITY: "Over capacity",
-    R.TOO_LONG: "Too long",
-    R.FAILED: "FAILED",
-    R.ERROR: "ERROR",
-    R.SKIPPED: "skipped",
-}
 _COMPACT_MARK = {
-    R.OVER_CAPACITY: "over",
-    R.TOO_LONG: "long",
-    R.FAILED: "FAIL",
-    R.ERROR: "ERR",
-    R.SKIPPED: "skip",
+    Status.VALID: "",
+    Status.OVER_CAPACITY: "over",
+    Status.DOES_NOT_FIT: "long",
+    Status.FAILED: "FAIL",
+    Status.ERROR: "ERR",
+    Status.NOT_RUN: "skip",
 }
 
 
@@ -41,35 +36,21 @@ def fmt_tbt(x: float | None) -> str:
     return "—" if x is None else f"{x:,.1f} ms"
 
 
-def _contexts(cells: Iterable[dict[str, Any]]) -> list[str]:
-    out: list[str] = []
-    for c in cells:
-        if c["context"] not in out:
-            out.append(c["context"])
-    return out
-
-
-def _row_label(cells: list[dict[str, Any]], ctx: str) -> str:
+def _row_label(cells: list[CellRecord], ctx: str) -> str:
     shown = next(
-        (
-            c.get("context_display")
-            for c in cells
-            if c["context"] == ctx and c.get("context_display")
-        ),
+        (c.context_display for c in cells if c.context == ctx and c.context_display),
         None,
     )
     return f"{ctx} ({shown})" if shown and shown != ctx else ctx
 
 
-def prefill_table(cells: list[dict[str, Any]]) -> str:
+def prefill_table(cells: list[CellRecord]) -> str:
     rows = []
     for c in cells:
-        if c["status"] == R.VALID:
-            rows.append(
-                [_row_label(cells, c["context"]), fmt_rate(c["prompt_tok_s"]), fmt_ms(c["ttft_ms"])]
-            )
+        if c.status is Status.VALID:
+            rows.append([_row_label(cells, c.context), fmt_rate(c.prompt_tok_s), fmt_ms(c.ttft_ms)])
         else:
-            rows.append([c["context"], _MARK.get(c["status"], c["status"]), ""])
+            rows.append([c.context, c.status.label, ""])
     return tabulate(
         rows,
         headers=["Context", "prompt tok/s", "TTFT (cold)"],
@@ -79,14 +60,14 @@ def prefill_table(cells: list[dict[str, Any]]) -> str:
     )
 
 
-def decode_matrix(cells: list[dict[str, Any]], width: int) -> list[str]:
+def decode_matrix(cells: list[CellRecord], width: int) -> list[str]:
     """Rows context, columns concurrency. Wide: ``tok/s · TTFT``; compact: two matrices."""
-    conc = sorted({c["concurrency"] for c in cells})
-    ctxs = _contexts(cells)
-    by = {(c["context"], c["concurrency"]): c for c in cells}
+    conc = sorted({c.concurrency for c in cells})
+    ctxs = order_contexts(cells)
+    by = {(c.context, c.concurrency): c for c in cells}
     wide = width >= 24 + 17 * len(conc)
 
-    def grid(render) -> str:
+    def grid(render: Callable[[CellRecord], str]) -> str:
         rows = []
         for ctx in ctxs:
             row = [_row_label(cells, ctx)]
@@ -102,21 +83,21 @@ def decode_matrix(cells: list[dict[str, Any]], width: int) -> list[str]:
             colalign=("left",) + ("right",) * len(conc),
         )
 
-    def both(c: dict[str, Any]) -> str:
-        if c["status"] not in (R.VALID, R.FAILED) or c.get("total_tok_s") is None:
-            return _MARK.get(c["status"], c["status"])
-        mark = " ✗" if c["status"] == R.FAILED else ""
-        return f"{fmt_rate(c['total_tok_s'])} · {fmt_ms(c['ttft_ms'])}{mark}"
+    def both(c: CellRecord) -> str:
+        if not c.measured or c.total_tok_s is None:
+            return c.status.label
+        mark = " ✗" if c.status is Status.FAILED else ""
+        return f"{fmt_rate(c.total_tok_s)} · {fmt_ms(c.ttft_ms)}{mark}"
 
-    def rate(c: dict[str, Any]) -> str:
-        if c["status"] not in (R.VALID, R.FAILED) or c.get("total_tok_s") is None:
-            return _COMPACT_MARK.get(c["status"], c["status"])
-        return fmt_rate(c["total_tok_s"]) + ("!" if c["status"] == R.FAILED else "")
+    def rate(c: CellRecord) -> str:
+        if not c.measured or c.total_tok_s is None:
+            return _COMPACT_MARK[c.status]
+        return fmt_rate(c.total_tok_s) + ("!" if c.status is Status.FAILED else "")
 
-    def ttft(c: dict[str, Any]) -> str:
-        if c["status"] not in (R.VALID, R.FAILED) or c.get("ttft_ms") is None:
-            return _COMPACT_MARK.get(c["status"], c["status"])
-        return f"{c['ttft_ms']:,.0f}"
+    def ttft(c: CellRecord) -> str:
+        if not c.measured or c.ttft_ms is None:
+            return _COMPACT_MARK[c.status]
+        return f"{c.ttft_ms:,.0f}"
 
     if wide:
         return ["total tok/s · TTFT, rows context, columns simultaneous requests", grid(both)]
@@ -129,46 +110,29 @@ def decode_matrix(cells: list[dict[str, Any]], width: int) -> list[str]:
     ]
 
 
-def details_table(cells: list[dict[str, Any]]) -> str:
-    rows = []
+def details_table(cells: list[CellRecord]) -> str:
+    rows: list[list[object]] = []
     for c in cells:
-        ok = c.get("total_tok_s") is not None or c.get("prompt_tok_s") is not None
-        phase = "Prefill" if c["phase"] == "prefill" else "Sustained decode"
-        if not ok:
-            rows.append([phase, c["context"], c["concurrency"], c["status"]] + ["—"] * 8)
-            continue
-        if c["phase"] == "prefill":
+        phase = "Prefill" if c.phase is Phase.PREFILL else "Sustained decode"
+        head: list[object] = [phase, c.context, c.concurrency, c.status.value]
+        if c.total_tok_s is None and c.prompt_tok_s is None:
+            rows.append(head + ["—"] * 8)
+        elif c.phase is Phase.PREFILL:
             rows.append(
-                [
-                    phase,
-                    c["context"],
-                    1,
-                    c["status"],
-                    fmt_rate(c["prompt_tok_s"]),
-                    "—",
-                    fmt_ms(c["ttft_ms"]),
-                    "—",
-                    "—",
-                    1,
-                    "—",
-                    "—",
-                ]
+                [*head, fmt_rate(c.prompt_tok_s), "—", fmt_ms(c.ttft_ms), "—", "—", 1, "—", "—"]
             )
         else:
             rows.append(
                 [
-                    phase,
-                    c["context"],
-                    c["concurrency"],
-                    c["status"],
-                    fmt_rate(c["total_tok_s"]),
-                    fmt_rate(c["per_request_tok_s"]),
-                    fmt_ms(c["ttft_ms"]),
-                    fmt_tbt(c["tbt_ms"]),
-                    f"{c['avg_active']:.1f}",
-                    c["completed"],
-                    f"{c['output_tokens']:,}",
-                    f"{c['measured_s']:.1f} s",
+                    *head,
+                    fmt_rate(c.total_tok_s),
+                    fmt_rate(c.per_request_tok_s),
+                    fmt_ms(c.ttft_ms),
+                    fmt_tbt(c.tbt_ms),
+                    f"{c.avg_active or 0:.1f}",
+                    c.completed,
+                    f"{c.output_tokens or 0:,}",
+                    f"{c.measured_s or 0:.1f} s",
                 ]
             )
     headers = [
@@ -188,46 +152,66 @@ def details_table(cells: list[dict[str, Any]]) -> str:
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
-def render(cells: list[dict[str, Any]], width: int, verbose: bool, notes: list[str]) -> list[str]:
+def cell_flags(c: CellRecord) -> list[str]:
+    """What a reader must know about a decode cell's figures, in words (empty: nothing)."""
+    why = []
+    if c.queued:
+        why.append(
+            f"the server queued requests (effective concurrency "
+            f"{c.effective_concurrency} < {c.concurrency})"
+        )
+    if c.tokens == "chunk-count":
+        why.append("tokens counted per chunk (estimate: no usage in stream)")
+    if c.early_stops:
+        why.append(f"{c.early_stops} request(s) ended before max output")
+    if (c.stability_cv or 0) > 0.1:
+        why.append(f"unstable: per-second throughput varies {c.stability_cv:.0%}")
+    return why
+
+
+def render(cells: list[CellRecord], width: int, verbose: bool, notes: list[str]) -> list[str]:
     """All lines of the summary section."""
-    prefill = [c for c in cells if c["phase"] == "prefill"]
-    decode = [c for c in cells if c["phase"] == "decode"]
+    prefill = [c for c in cells if c.phase is Phase.PREFILL]
+    decode = [c for c in cells if c.phase is Phase.DECODE]
     lines: list[str] = []
     if prefill:
-        repeats = max(c.get("repeats", 1) for c in prefill)
+        repeats = max(c.repeats or 1 for c in prefill)
         how = f", median of {repeats} cold requests" if repeats > 1 else ""
         lines += [f"Prefill (cold cache{how}, prompt tok/s by context)", prefill_table(prefill), ""]
     if decode:
         lines += ["Sustained decode", *decode_matrix(decode, width), ""]
-        if any(c["status"] == R.OVER_CAPACITY for c in decode):
+        if any(c.status is Status.OVER_CAPACITY for c in decode):
             lines.append(
                 "Over capacity: not run because this many requests at this context "
                 "would exceed the server's KV cache."
             )
         lines.append("Latencies are medians. TTFT in decode cells is measured on a warm prefix.")
-        flagged = [
-            c
-            for c in decode
-            if c.get("queued")
-            or c.get("tokens") == "chunk-count"
-            or c.get("early_stops")
-            or (c.get("stability_cv") or 0) > 0.1
-        ]
-        for c in flagged:
-            why = []
-            if c.get("queued"):
-                why.append(
-                    f"the server queued requests (effective concurrency "
-                    f"{c.get('effective_concurrency')} < {c['concurrency']})"
-                )
-            if c.get("tokens") == "chunk-count":
-                why.append("tokens counted per chunk (estimate: no usage in stream)")
-            if c.get("early_stops"):
-                why.append(f"{c['early_stops']} request(s) ended before max output")
-            if (c.get("stability_cv") or 0) > 0.1:
-                why.append(f"unstable: per-second throughput varies {c['stability_cv']:.0%}")
-            lines.append(f"  {c['id']}: " + "; ".join(why))
+        for c in decode:
+            why = cell_flags(c)
+            if why:
+                lines.append(f"  {c.id}: " + "; ".join(why))
     if verbose and cells:
         lines += ["", "All measurements", details_table(cells)]
     lines += [f"note: {n}" for n in notes]
+    return lines
+
+
+def gate_lines(baseline: Baseline, cells: list[CellRecord]) -> list[str]:
+    """The gate's summary: regressions, improvements, cells not measured or without floor."""
+    verdicts = [c.gate for c in cells if c.gate is not None]
+    regressions = [k for v in verdicts for k in v.regressions]
+    improvements = [k for v in verdicts for k in v.improvements]
+    no_floor = [str(c.id) for c in cells if c.gate and c.gate.outcome is Outcome.NO_FLOOR]
+    missing = not_measured(baseline, cells)
+    lines = [
+        "",
+        f"Baseline {baseline.path}: {len(regressions)} regression(s), "
+        f"{len(improvements)} improvement(s) beyond tolerance",
+    ]
+    lines += [f"  REGRESSION  {c.message()}" for c in regressions]
+    lines += [f"  improvement {c.improvement_message()}" for c in improvements]
+    if missing:
+        lines.append("  not measured: " + ", ".join(missing))
+    if no_floor:
+        lines.append("  no floor (not in the baseline): " + ", ".join(no_floor))
     return lines

@@ -270,7 +270,9 @@ def running_simulator_process(
         env=env,
     )
     lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
+    stdout = proc.stdout
+    assert stdout is not None  # stdout=PIPE
+    reader = threading.Thread(target=lambda: lines.append(stdout.readline()), daemon=True)
     reader.start()
     reader.join(start_timeout)
     url = None
@@ -281,7 +283,7 @@ def running_simulator_process(
             proc.kill()
             err = proc.communicate(timeout=10)[1]
             raise RuntimeError(f"llmspeed-sim failed to start: {(err or '').strip()[-500:]}")
-        threading.Thread(target=proc.stdout.read, daemon=True).start()  # drain
+        threading.Thread(target=stdout.read, daemon=True).start()  # drain
         yield "http://" + url
     finally:
         if proc.poll() is None:

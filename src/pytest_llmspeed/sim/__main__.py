@@ -20,32 +20,73 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"profiles:\n{profiles}\n\n--faults grammar:\n{FAULTS_DOC}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--profile", default="tiny", choices=sorted(PROFILES),
-                        help="simulated deployment (default: tiny)")
+    parser.add_argument(
+        "--profile",
+        default="tiny",
+        choices=sorted(PROFILES),
+        help="simulated deployment (default: tiny)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000,
-                        help="port to bind; 0 picks a free one (default 8000)")
-    parser.add_argument("--speed", type=float, default=1.0,
-                        help="divide every simulated time by X: 10 is ten times faster, 0.9 a "
-                             "10%% slower machine (default 1)")
-    parser.add_argument("--kv-capacity", type=int, default=None, metavar="TOKENS",
-                        help="KV cache size in tokens (default: the profile's)")
-    parser.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
-                        help="largest prompt + output per request (default: the profile's)")
-    parser.add_argument("--noise", type=float, default=0.0, metavar="FRACTION",
-                        help="seeded multiplicative jitter on step times, e.g. 0.03 (default 0)")
+    parser.add_argument(
+        "--port", type=int, default=8000, help="port to bind; 0 picks a free one (default 8000)"
+    )
+    parser.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        help="divide every simulated time by X: 10 is ten times faster, 0.9 a "
+        "10%% slower machine (default 1)",
+    )
+    parser.add_argument(
+        "--kv-capacity",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="KV cache size in tokens (default: the profile's)",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="largest prompt + output per request (default: the profile's)",
+    )
+    parser.add_argument(
+        "--noise",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="seeded multiplicative jitter on step times, e.g. 0.03 (default 0)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
-    parser.add_argument("--api-key", default=None, metavar="KEY",
-                        help="require 'Authorization: Bearer KEY' on /v1/* routes")
-    parser.add_argument("--stream-interval", type=int, default=1, metavar="K",
-                        help="send a stream's tokens in chunks of at least K (the first at once), "
-                             "as vLLM's --stream-interval (default 1)")
-    parser.add_argument("--faults", default=None, metavar="SPEC",
-                        help="inject failures, e.g. 'start500=0.05,midstream=0.01,drop=0.01,"
-                             "stall=0.01,burst503=0.02' (grammar below)")
-    parser.add_argument("--quirks", default=None, metavar="LIST",
-                        help="behave like a less vLLM-like server, comma-separated: "
-                        + "; ".join(f"{k}: {v}" for k, v in QUIRKS.items()))
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on /v1/* routes",
+    )
+    parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        metavar="K",
+        help="send a stream's tokens in chunks of at least K (the first at once), "
+        "as vLLM's --stream-interval (default 1)",
+    )
+    parser.add_argument(
+        "--faults",
+        default=None,
+        metavar="SPEC",
+        help="inject failures, e.g. 'start500=0.05,midstream=0.01,drop=0.01,"
+        "stall=0.01,burst503=0.02' (grammar below)",
+    )
+    parser.add_argument(
+        "--quirks",
+        default=None,
+        metavar="LIST",
+        help="behave like a less vLLM-like server, comma-separated: "
+        + "; ".join(f"{k}: {v}" for k, v in QUIRKS.items()),
+    )
     return parser
 
 
@@ -60,8 +101,11 @@ async def serve(options: SimOptions) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         url = await server.start()
-        print(f"llmspeed-sim listening on {url} (profile {options.profile}, speed "
-              f"{options.speed:g}, model {server.model_name})", flush=True)
+        print(
+            f"llmspeed-sim listening on {url} (profile {options.profile}, speed "
+            f"{options.speed:g}, model {server.model_name})",
+            flush=True,
+        )
         await stop.wait()
     finally:
         await server.stop()
@@ -75,10 +119,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         options = SimOptions(
-            profile=args.profile, host=args.host, port=args.port, speed=args.speed,
-            kv_capacity=args.kv_capacity, max_model_len=args.max_model_len, noise=args.noise,
-            seed=args.seed, api_key=args.api_key, stream_interval=args.stream_interval,
-            faults=args.faults, quirks=args.quirks,
+            profile=args.profile,
+            host=args.host,
+            port=args.port,
+            speed=args.speed,
+            kv_capacity=args.kv_capacity,
+            max_model_len=args.max_model_len,
+            noise=args.noise,
+            seed=args.seed,
+            api_key=args.api_key,
+            stream_interval=args.stream_interval,
+            faults=args.faults,
+            quirks=args.quirks,
         )
     except ValueError as exc:
         parser.error(str(exc))

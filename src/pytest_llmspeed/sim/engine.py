@@ -33,10 +33,51 @@ from .profiles import Profile
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
 GOLDEN = 0.6180339887498949
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-               10.0, 20.0, 40.0, 80.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 
 
 class Histogram:
@@ -364,19 +405,25 @@ class EngineCore:
             return None
         return StepPlan(decode, prefill, self.step_time(decode, prefill))
 
-    def step_time(self, decode: Sequence[SimRequest], prefill: Sequence[tuple[SimRequest, int]]
-                  ) -> float:
+    def step_time(
+        self, decode: Sequence[SimRequest], prefill: Sequence[tuple[SimRequest, int]]
+    ) -> float:
         """Seconds one step takes, after ``--speed`` and ``--noise``."""
         p = self.profile
         n = len(decode)
         ctx = sum(r.prompt_len + r.output for r in decode)
-        t = (p.step_base_s + p.decode_per_seq_s * n + p.decode_per_seq_sq_s * n * n
-             + p.decode_per_context_token_s * ctx)
+        t = (
+            p.step_base_s
+            + p.decode_per_seq_s * n
+            + p.decode_per_seq_sq_s * n * n
+            + p.decode_per_context_token_s * ctx
+        )
         for req, q in prefill:
             t += p.prefill_per_token_s * q + p.prefill_attention_s * q * (req.computed + q / 2)
         if self.noise > 0:
-            t *= math.exp(self.noise * float(self.noise_rng.standard_normal())
-                          - self.noise * self.noise / 2)
+            t *= math.exp(
+                self.noise * float(self.noise_rng.standard_normal()) - self.noise * self.noise / 2
+            )
         return t / self.speed
 
     # -- completing a step ----------------------------------------------------------------

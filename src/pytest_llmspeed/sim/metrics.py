@@ -50,47 +50,89 @@ def render_metrics(server: SimServer) -> str:
     p = server.profile
     opts = server.options
     family("llmspeed_sim_info", "gauge", "llmspeed-sim: profile and options of this simulator")
-    out.append("llmspeed_sim_info" + _labels(profile=p.name, speed=repr(opts.speed),
-                                             noise=repr(opts.noise), seed=str(opts.seed),
-                                             version=p.version) + " 1.0")
+    out.append(
+        "llmspeed_sim_info"
+        + _labels(
+            profile=p.name,
+            speed=repr(opts.speed),
+            noise=repr(opts.noise),
+            seed=str(opts.seed),
+            version=p.version,
+        )
+        + " 1.0"
+    )
     family("llmspeed_sim_steps_total", "counter", "llmspeed-sim: engine steps run")
     out.append(f"llmspeed_sim_steps_total {float(server.steps)!r}")
-    family("llmspeed_sim_late_steps_total", "counter",
-           "llmspeed-sim: steps that started over 50 ms late (the simulator was the bottleneck)")
+    family(
+        "llmspeed_sim_late_steps_total",
+        "counter",
+        "llmspeed-sim: steps that started over 50 ms late (the simulator was the bottleneck)",
+    )
     out.append(f"llmspeed_sim_late_steps_total {float(server.late_steps)!r}")
     family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
-    out.append("vllm:cache_config_info" + _labels(
-        block_size=str(core.block_size), cache_dtype="auto", enable_prefix_caching="True",
-        engine="0", kv_cache_size_tokens=str(core.kv_capacity),
-        num_gpu_blocks=str(core.num_blocks)) + " 1.0")
-    gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-          core.num_running)
-    gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-          core.num_waiting)
-    gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-          core.kv_usage)
-    counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.",
-            stats.prompt_tokens)
-    counter("vllm:generation_tokens_total", "Number of generation tokens processed.",
-            stats.generation_tokens)
-    counter("vllm:prefix_cache_queries_total",
-            "Prefix cache queries, in terms of number of queried tokens.", stats.prefix_queries)
-    counter("vllm:prefix_cache_hits_total",
-            "Prefix cache hits, in terms of number of cached tokens.", stats.prefix_hits)
+    out.append(
+        "vllm:cache_config_info"
+        + _labels(
+            block_size=str(core.block_size),
+            cache_dtype="auto",
+            enable_prefix_caching="True",
+            engine="0",
+            kv_cache_size_tokens=str(core.kv_capacity),
+            num_gpu_blocks=str(core.num_blocks),
+        )
+        + " 1.0"
+    )
+    gauge(
+        "vllm:num_requests_running",
+        "Number of requests in model execution batches.",
+        core.num_running,
+    )
+    gauge(
+        "vllm:num_requests_waiting", "Number of requests waiting to be processed.", core.num_waiting
+    )
+    gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", core.kv_usage)
+    counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", stats.prompt_tokens)
+    counter(
+        "vllm:generation_tokens_total",
+        "Number of generation tokens processed.",
+        stats.generation_tokens,
+    )
+    counter(
+        "vllm:prefix_cache_queries_total",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        stats.prefix_queries,
+    )
+    counter(
+        "vllm:prefix_cache_hits_total",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        stats.prefix_hits,
+    )
     counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", 0)
     family("vllm:request_success_total", "counter", "Count of successfully processed requests.")
     for reason in ("stop", "length", "abort"):
         value = float(stats.finished.get(reason, 0))
-        out.append(f"vllm:request_success_total{_labels(**base, finished_reason=reason)} "
-                   f"{value!r}")
-    counter("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.",
-            stats.spec_drafts)
-    counter("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.",
-            stats.spec_draft_tokens)
-    counter("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.",
-            stats.spec_accepted)
-    histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-              stats.ttft)
-    histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-              stats.itl)
+        out.append(f"vllm:request_success_total{_labels(**base, finished_reason=reason)} {value!r}")
+    counter(
+        "vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", stats.spec_drafts
+    )
+    counter(
+        "vllm:spec_decode_num_draft_tokens_total",
+        "Number of draft tokens.",
+        stats.spec_draft_tokens,
+    )
+    counter(
+        "vllm:spec_decode_num_accepted_tokens_total",
+        "Number of accepted tokens.",
+        stats.spec_accepted,
+    )
+    histogram(
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        stats.ttft,
+    )
+    histogram(
+        "vllm:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        stats.itl,
+    )
     return "\n".join(out) + "\n"

@@ -49,8 +49,14 @@ class ApiError(Exception):
         self.param = param
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.err_type, "param": self.param,
-                          "code": self.status}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.err_type,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
 
     def response(self) -> web.Response:
         return web.json_response(self.body(), status=self.status)
@@ -126,17 +132,35 @@ class Rejected:
     streaming: bool
 
     def as_dict(self) -> dict[str, Any]:
-        return {"id": self.rid, "arrival": self.arrival, "prompt_tokens": self.prompt_tokens,
-                "cached_tokens": 0, "first_token_time": None, "chunks": [],
-                "finish_reason": self.reason, "completion_tokens": 0, "stream": self.streaming}
+        return {
+            "id": self.rid,
+            "arrival": self.arrival,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": 0,
+            "first_token_time": None,
+            "chunks": [],
+            "finish_reason": self.reason,
+            "completion_tokens": 0,
+            "stream": self.streaming,
+        }
 
 
 class Stream:
     """One response: receives the engine's tokens, writes SSE chunks, keeps its trace."""
 
-    def __init__(self, server: SimServer, req: SimRequest, *, rid: str, chat: bool,
-                 streaming: bool, include_usage: bool, continuous: bool, reasoning: int,
-                 arrival: float) -> None:
+    def __init__(
+        self,
+        server: SimServer,
+        req: SimRequest,
+        *,
+        rid: str,
+        chat: bool,
+        streaming: bool,
+        include_usage: bool,
+        continuous: bool,
+        reasoning: int,
+        arrival: float,
+    ) -> None:
         self.server = server
         self.req = req
         self.rid = rid
@@ -159,11 +183,15 @@ class Stream:
         created = int(time.time())
         model = json.dumps(server.model_name)
         if chat:
-            self.head = (f'data: {{"id":"{rid}","object":"chat.completion.chunk","created":'
-                         f'{created},"model":{model},"choices":[')
+            self.head = (
+                f'data: {{"id":"{rid}","object":"chat.completion.chunk","created":'
+                f'{created},"model":{model},"choices":['
+            )
         else:
-            self.head = (f'data: {{"id":"{rid}","object":"text_completion","created":'
-                         f'{created},"model":{model},"choices":[')
+            self.head = (
+                f'data: {{"id":"{rid}","object":"text_completion","created":'
+                f'{created},"model":{model},"choices":['
+            )
 
     # -- engine side ----------------------------------------------------------------------
 
@@ -195,8 +223,9 @@ class Stream:
             parts.append(self._token_chunk(self.sent, self.generated, finish))
         if finish is not None and finish != "drop":
             if finish == "midstream":
-                err = ApiError(500, "llmspeed-sim injected fault: error in mid-stream",
-                               "InternalServerError")
+                err = ApiError(
+                    500, "llmspeed-sim injected fault: error in mid-stream", "InternalServerError"
+                )
                 parts.append(f"data: {json.dumps(err.body())}\n\n")
             elif self.include_usage:
                 parts.append(self.head + "]" + self._usage() + "}\n\n")
@@ -219,16 +248,17 @@ class Stream:
 
     def _usage(self) -> str:
         p, c = self.prompt_tokens, self.generated
-        return (f',"usage":{{"prompt_tokens":{p},"total_tokens":{p + c},'
-                f'"completion_tokens":{c}}}')
+        return f',"usage":{{"prompt_tokens":{p},"total_tokens":{p + c},"completion_tokens":{c}}}'
 
     def _role_chunk(self) -> str:
         usage = ""
         if self.continuous:
             p = self.prompt_tokens
             usage = f',"usage":{{"prompt_tokens":{p},"total_tokens":{p},"completion_tokens":0}}'
-        return (self.head + '{"index":0,"delta":{"role":"assistant","content":""},'
-                '"logprobs":null,"finish_reason":null}]' + usage + "}\n\n")
+        return (
+            self.head + '{"index":0,"delta":{"role":"assistant","content":""},'
+            '"logprobs":null,"finish_reason":null}]' + usage + "}\n\n"
+        )
 
     def _token_chunk(self, lo: int, hi: int, finish: str | None) -> str:
         text_hi = hi - 1 if finish == "stop" else hi  # the EOS token has no text
@@ -237,8 +267,10 @@ class Stream:
         table = self.server.text
         if not self.chat:
             text = table.esc(self.offset + lo, text_hi - lo)
-            return (self.head + f'{{"index":0,"text":"{text}","logprobs":null,'
-                    f'"finish_reason":{fin},"stop_reason":null}}]' + usage + "}\n\n")
+            return (
+                self.head + f'{{"index":0,"text":"{text}","logprobs":null,'
+                f'"finish_reason":{fin},"stop_reason":null}}]' + usage + "}\n\n"
+            )
         r = self.reasoning
         fields = []
         if lo < r:
@@ -247,8 +279,10 @@ class Stream:
         if hi > r:
             start = max(lo, r)
             fields.append(f'"content":"{table.esc(self.offset + start, text_hi - start)}"')
-        return (self.head + '{"index":0,"delta":{' + ",".join(fields) + '},"logprobs":null,'
-                f'"finish_reason":{fin}}}]' + usage + "}\n\n")
+        return (
+            self.head + '{"index":0,"delta":{' + ",".join(fields) + '},"logprobs":null,'
+            f'"finish_reason":{fin}}}]' + usage + "}\n\n"
+        )
 
     # -- non-streaming and trace ----------------------------------------------------------
 
@@ -256,31 +290,71 @@ class Stream:
         n = self.generated
         text_n = n - 1 if self.finish == "stop" else n
         table = self.server.text
-        usage = {"prompt_tokens": self.prompt_tokens, "total_tokens": self.prompt_tokens + n,
-                 "completion_tokens": n, "prompt_tokens_details": None}
+        usage = {
+            "prompt_tokens": self.prompt_tokens,
+            "total_tokens": self.prompt_tokens + n,
+            "completion_tokens": n,
+            "prompt_tokens_details": None,
+        }
         model = self.server.model_name
         if not self.chat:
-            return {"id": self.rid, "object": "text_completion", "created": created,
-                    "model": model, "choices": [{
-                        "index": 0, "text": table.raw(self.offset, text_n), "logprobs": None,
-                        "finish_reason": self.finish, "stop_reason": None,
-                        "prompt_logprobs": None}], "usage": usage}
+            return {
+                "id": self.rid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": table.raw(self.offset, text_n),
+                        "logprobs": None,
+                        "finish_reason": self.finish,
+                        "stop_reason": None,
+                        "prompt_logprobs": None,
+                    }
+                ],
+                "usage": usage,
+            }
         r = min(self.reasoning, text_n)
         reasoning = table.raw(self.offset, r) if self.reasoning else None
         content = table.raw(self.offset + r, text_n - r)
-        message = {"role": "assistant", "content": content, "reasoning_content": reasoning,
-                   "reasoning": reasoning, "tool_calls": []}
-        return {"id": self.rid, "object": "chat.completion", "created": created, "model": model,
-                "choices": [{"index": 0, "message": message, "logprobs": None,
-                             "finish_reason": self.finish, "stop_reason": None}],
-                "usage": usage}
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": content,
+            "reasoning_content": reasoning,
+            "reasoning": reasoning,
+            "tool_calls": [],
+        }
+        return {
+            "id": self.rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": self.finish,
+                    "stop_reason": None,
+                }
+            ],
+            "usage": usage,
+        }
 
     def as_dict(self) -> dict[str, Any]:
         req = self.req
-        return {"id": self.rid, "arrival": self.arrival, "prompt_tokens": self.prompt_tokens,
-                "cached_tokens": req.cached_tokens, "first_token_time": self.first_token_time,
-                "chunks": self.chunks, "finish_reason": self.finish,
-                "completion_tokens": self.generated, "stream": self.streaming}
+        return {
+            "id": self.rid,
+            "arrival": self.arrival,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": req.cached_tokens,
+            "first_token_time": self.first_token_time,
+            "chunks": self.chunks,
+            "finish_reason": self.finish,
+            "completion_tokens": self.generated,
+            "stream": self.streaming,
+        }
 
 
 class SimServer:
@@ -298,8 +372,13 @@ class SimServer:
         self.faults: FaultSpec = parse_faults(options.faults)
         self.quirks = parse_quirks(options.quirks)
         self.burst_until = -1.0
-        self.core = EngineCore(self.profile, kv_capacity=options.effective_kv_capacity,
-                               speed=options.speed, noise=options.noise, seed=options.seed)
+        self.core = EngineCore(
+            self.profile,
+            kv_capacity=options.effective_kv_capacity,
+            speed=options.speed,
+            noise=options.noise,
+            seed=options.seed,
+        )
         self.trace: deque[Stream | Rejected] = deque(maxlen=TRACE_LIMIT)
         self.active: set[Stream] = set()
         self._counter = 0
@@ -332,8 +411,9 @@ class SimServer:
     async def start(self) -> str:
         """Bind, start the step loop; return the base URL."""
         self._wake = asyncio.Event()
-        self._runner = web.AppRunner(self.make_app(), handler_cancellation=True,
-                                     access_log=None, shutdown_timeout=1.0)
+        self._runner = web.AppRunner(
+            self.make_app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.options.host, self.options.port)
         await site.start()
@@ -431,10 +511,16 @@ class SimServer:
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         key = self.options.api_key
-        if (key is not None and request.path.startswith("/v1")
-                and request.headers.get("Authorization", "") != f"Bearer {key}"):
-            return ApiError(401, "Unauthorized: missing or wrong API key (send "
-                                "'Authorization: Bearer KEY')", "AuthenticationError").response()
+        if (
+            key is not None
+            and request.path.startswith("/v1")
+            and request.headers.get("Authorization", "") != f"Bearer {key}"
+        ):
+            return ApiError(
+                401,
+                "Unauthorized: missing or wrong API key (send 'Authorization: Bearer KEY')",
+                "AuthenticationError",
+            ).response()
         try:
             return await handler(request)
         except ApiError as err:
@@ -457,8 +543,12 @@ class SimServer:
             raise _bad("request body must be a JSON object")
         model = body.get("model")
         if model is not None and model != self.model_name:
-            raise ApiError(404, f"The model `{model}` does not exist. Valid aliases: "
-                           f"{self.model_name}.", "NotFoundError", "model")
+            raise ApiError(
+                404,
+                f"The model `{model}` does not exist. Valid aliases: {self.model_name}.",
+                "NotFoundError",
+                "model",
+            )
         return body
 
     async def _encode(self, text: str) -> list[int]:
@@ -496,8 +586,11 @@ class SimServer:
             if bad is not None:
                 raise _bad(f"Token id {bad} is out of vocabulary", "prompt")
         elif isinstance(prompt, list) and prompt:
-            raise _bad("batched prompts (a list of several prompts) are not supported by "
-                       "llmspeed-sim: send one prompt per request", "prompt")
+            raise _bad(
+                "batched prompts (a list of several prompts) are not supported by "
+                "llmspeed-sim: send one prompt per request",
+                "prompt",
+            )
         else:
             raise _bad("'prompt' must be a string or a list of token ids", "prompt")
         if not ids:
@@ -508,23 +601,31 @@ class SimServer:
         """max_tokens after defaults; 400s worded as vLLM words them."""
         mml = self.max_model_len
         if prompt_len >= mml:
-            raise _bad(f"This model's maximum context length is {mml} tokens. However, your "
-                       f"prompt contains {prompt_len} input tokens, which exceeds this limit even "
-                       "without any output tokens. Please reduce the length of the input prompt. "
-                       f"(parameter=input_tokens, value={prompt_len})", "input_tokens")
+            raise _bad(
+                f"This model's maximum context length is {mml} tokens. However, your "
+                f"prompt contains {prompt_len} input tokens, which exceeds this limit even "
+                "without any output tokens. Please reduce the length of the input prompt. "
+                f"(parameter=input_tokens, value={prompt_len})",
+                "input_tokens",
+            )
         if max_tokens is None:
             return mml - prompt_len
         if max_tokens > mml:
-            raise _bad(f"max_tokens={max_tokens} cannot be greater than max_model_len={mml}. "
-                       "Please request fewer output tokens. "
-                       f"(parameter=max_tokens, value={max_tokens})", "max_tokens")
+            raise _bad(
+                f"max_tokens={max_tokens} cannot be greater than max_model_len={mml}. "
+                "Please request fewer output tokens. "
+                f"(parameter=max_tokens, value={max_tokens})",
+                "max_tokens",
+            )
         if prompt_len + max_tokens > mml:
-            raise _bad(f"This model's maximum context length is {mml} tokens. However, you "
-                       f"requested {max_tokens} output tokens and your prompt contains "
-                       f"{prompt_len} input tokens, for a total of {prompt_len + max_tokens} "
-                       "tokens. Please reduce the length of the input prompt or the number of "
-                       f"requested output tokens. (parameter=max_tokens, value={max_tokens})",
-                       "max_tokens")
+            raise _bad(
+                f"This model's maximum context length is {mml} tokens. However, you "
+                f"requested {max_tokens} output tokens and your prompt contains "
+                f"{prompt_len} input tokens, for a total of {prompt_len + max_tokens} "
+                "tokens. Please reduce the length of the input prompt or the number of "
+                f"requested output tokens. (parameter=max_tokens, value={max_tokens})",
+                "max_tokens",
+            )
         return max_tokens
 
     @staticmethod
@@ -540,8 +641,9 @@ class SimServer:
         self._counter += 1
         return f"{prefix}-{self._id_salt}{self._counter:08x}"
 
-    def _draw_faults(self, rid: str, arrival: float, prompt_len: int, streaming: bool,
-                     req: SimRequest) -> ApiError | None:
+    def _draw_faults(
+        self, rid: str, arrival: float, prompt_len: int, streaming: bool, req: SimRequest
+    ) -> ApiError | None:
         f = self.faults
         if not f.any:
             return None
@@ -553,12 +655,18 @@ class SimServer:
             if arrival >= self.burst_until:
                 self.burst_until = arrival + f.burst_s / self.options.speed
             reason = "burst503"
-            err = ApiError(503, "llmspeed-sim injected fault: service unavailable (503 burst)",
-                           "ServiceUnavailableError")
+            err = ApiError(
+                503,
+                "llmspeed-sim injected fault: service unavailable (503 burst)",
+                "ServiceUnavailableError",
+            )
         elif u_start < f.start500:
             reason = "start500"
-            err = ApiError(500, "llmspeed-sim injected fault: internal server error at start",
-                           "InternalServerError")
+            err = ApiError(
+                500,
+                "llmspeed-sim injected fault: internal server error at start",
+                "InternalServerError",
+            )
         if err is not None and reason is not None:
             self.trace.append(Rejected(rid, arrival, prompt_len, reason, streaming))
             return err
@@ -591,8 +699,12 @@ class SimServer:
         if "no-vendor-fields" in self.quirks:
             for name in ("ignore_eos", "min_tokens"):
                 if name in body:
-                    raise ApiError(422, f"body.{name}: Extra inputs are not permitted",
-                                   "UnprocessableEntity", name)
+                    raise ApiError(
+                        422,
+                        f"body.{name}: Extra inputs are not permitted",
+                        "UnprocessableEntity",
+                        name,
+                    )
         if "no-stream-usage" in self.quirks:
             body.pop("stream_options", None)
         n = body.get("n", 1)
@@ -605,8 +717,11 @@ class SimServer:
         max_tokens = self._check_length(len(ids), max_tokens)
         min_tokens = self._int(body, "min_tokens", 0) or 0
         if min_tokens > max_tokens:
-            raise _bad(f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
-                       f"got {min_tokens}.", "min_tokens")
+            raise _bad(
+                f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
+                f"got {min_tokens}.",
+                "min_tokens",
+            )
         streaming = body.get("stream") is True
         opts = body.get("stream_options") or {}
         if not isinstance(opts, dict):
@@ -617,15 +732,23 @@ class SimServer:
             thinking = not (isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False)
             reasoning = self.profile.reasoning_tokens if thinking else 0
         rid = self._next_id("chatcmpl" if chat else "cmpl")
-        req = SimRequest(ids, max_tokens, min_tokens=min_tokens,
-                         ignore_eos=body.get("ignore_eos") is True)
+        req = SimRequest(
+            ids, max_tokens, min_tokens=min_tokens, ignore_eos=body.get("ignore_eos") is True
+        )
         fault = self._draw_faults(rid, arrival, len(ids), streaming, req)
         if fault is not None:
             return fault.response()
-        stream = Stream(self, req, rid=rid, chat=chat, streaming=streaming,
-                        include_usage=streaming and opts.get("include_usage") is True,
-                        continuous=streaming and opts.get("continuous_usage_stats") is True,
-                        reasoning=reasoning, arrival=arrival)
+        stream = Stream(
+            self,
+            req,
+            rid=rid,
+            chat=chat,
+            streaming=streaming,
+            include_usage=streaming and opts.get("include_usage") is True,
+            continuous=streaming and opts.get("continuous_usage_stats") is True,
+            reasoning=reasoning,
+            arrival=arrival,
+        )
         req.sink = stream
         self.trace.append(stream)
         self.active.add(stream)
@@ -638,8 +761,12 @@ class SimServer:
             self.abort(req)
 
     async def _stream(self, request: web.Request, stream: Stream) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                           "Cache-Control": "no-cache"})
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+            }
+        )
         try:
             await resp.prepare(request)
         except ConnectionError:  # the client left before the headers went out
@@ -647,8 +774,9 @@ class SimServer:
         stream.transport = request.transport  # type: ignore[assignment]
         self._submit(stream)
         await stream.done
-        if stream.finish != "drop" and not (stream.transport is None
-                                            or stream.transport.is_closing()):
+        if stream.finish != "drop" and not (
+            stream.transport is None or stream.transport.is_closing()
+        ):
             with contextlib.suppress(ConnectionError):
                 await resp.write_eof()
         return resp
@@ -661,8 +789,9 @@ class SimServer:
                 request.transport.close()
             return web.Response(status=500)
         if stream.finish == "midstream":
-            return ApiError(500, "llmspeed-sim injected fault: error during generation",
-                            "InternalServerError").response()
+            return ApiError(
+                500, "llmspeed-sim injected fault: error during generation", "InternalServerError"
+            ).response()
         return web.json_response(stream.full_response(int(time.time())))
 
     # -- other routes ---------------------------------------------------------------------
@@ -674,10 +803,23 @@ class SimServer:
         return web.json_response({"version": self.profile.version})
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{
-            "id": self.model_name, "object": "model", "created": int(time.time()),
-            "owned_by": "vllm", "root": self.model_name, "parent": None,
-            "max_model_len": self.max_model_len, "permission": []}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model_name,
+                        "object": "model",
+                        "created": int(time.time()),
+                        "owned_by": "vllm",
+                        "root": self.model_name,
+                        "parent": None,
+                        "max_model_len": self.max_model_len,
+                        "permission": [],
+                    }
+                ],
+            }
+        )
 
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await self._json_body(request)
@@ -691,8 +833,14 @@ class SimServer:
         strs = None
         if body.get("return_token_strs") is True:
             strs = [self.tokenizer.token_str(i) for i in ids]
-        return web.json_response({"count": len(ids), "max_model_len": self.max_model_len,
-                                  "tokens": ids, "token_strs": strs})
+        return web.json_response(
+            {
+                "count": len(ids),
+                "max_model_len": self.max_model_len,
+                "tokens": ids,
+                "token_strs": strs,
+            }
+        )
 
     async def detokenize(self, request: web.Request) -> web.Response:
         body = await self._json_body(request)
@@ -711,13 +859,17 @@ class SimServer:
 
         if "no-metrics" in self.quirks:
             raise web.HTTPNotFound()
-        return web.Response(text=render_metrics(self),
-                            content_type="text/plain", charset="utf-8",
-                            headers={"X-Prometheus-Format": "0.0.4"})
+        return web.Response(
+            text=render_metrics(self),
+            content_type="text/plain",
+            charset="utf-8",
+            headers={"X-Prometheus-Format": "0.0.4"},
+        )
 
     async def get_trace(self, request: web.Request) -> web.Response:
-        return web.json_response({"clock": "perf_counter",
-                                  "requests": [r.as_dict() for r in self.trace]})
+        return web.json_response(
+            {"clock": "perf_counter", "requests": [r.as_dict() for r in self.trace]}
+        )
 
     async def clear_trace(self, request: web.Request) -> web.Response:
         self.trace.clear()

@@ -1,0 +1,162 @@
+"""One benchmark run against one server: its event loop, connection, identity and warm-ups.
+
+Synchronous facade over the async core, so the pytest layer (plain test items) can drive it.
+No pytest import here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from .client import Connection
+from .errors import LLMSpeedError
+from .matrix import Limits, resolve_context
+from .probe import ServerInfo, probe
+from .prompts import PromptFactory
+from .protocol import (
+    DecodeResult,
+    Dialect,
+    PrefillResult,
+    median_prefill,
+    negotiate,
+    run_decode,
+    run_prefill,
+)
+
+T = TypeVar("T")
+
+
+def was_interrupted(runner: asyncio.Runner) -> bool:
+    """Did Ctrl-C reach this runner?
+
+    On Ctrl-C, asyncio.Runner cancels the task and raises KeyboardInterrupt only if the
+    cancellation comes back out; one absorbed on the way (Python 3.11's wait_for can, when its
+    inner future finishes at the same moment) would let the run go on. The Runner keeps its
+    count of SIGINTs in a private attribute and offers no public way to read it: this is the
+    one place that reads it (tests/unit/test_private_access.py fails if it goes away)."""
+    return bool(getattr(runner, "_interrupt_count", 0))
+
+
+@dataclass
+class BenchConfig:
+    base_url: str
+    api_key: str | None
+    model: str | None
+    api: str
+    max_output: int
+    duration: float
+    timeout: float
+    kv_capacity: int | None
+    kv_capacity_source: str = "given"  # in words, for the report (the option that set it)
+    prefill_repeats: int = 1  # cold requests per prefill cell; the figure is their median
+    text_prompts: bool = False  # completions prompts as text sized with /tokenize, not ids
+
+
+@dataclass
+class Bench:
+    """Owns one event loop (``asyncio.Runner``) and one aiohttp session for the whole run."""
+
+    config: BenchConfig
+    runner: asyncio.Runner = field(default_factory=asyncio.Runner)
+    conn: Connection | None = None
+    server: ServerInfo | None = None
+    factory: PromptFactory | None = None
+    dialect: Dialect | None = None
+    prefills: dict[int, PrefillResult] = field(default_factory=dict)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        result = self.runner.run(coro)
+        if was_interrupted(self.runner):
+            raise KeyboardInterrupt
+        return result
+
+    def start(self) -> ServerInfo:
+        """Connect, probe the server and negotiate the request dialect."""
+        self.run(self._start())
+        assert self.server is not None
+        return self.server
+
+    async def _start(self) -> None:
+        cfg = self.config
+        self.conn = Connection.open(cfg.base_url, cfg.api_key, cfg.timeout)
+        self.server = await probe(self.conn, cfg.model, cfg.kv_capacity, cfg.kv_capacity_source)
+        self.factory = PromptFactory(
+            self.conn, self.server.model, api=cfg.api, text=cfg.text_prompts
+        )
+        self.dialect = await negotiate(self.conn, self.factory, self.server.model, cfg.api)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.run(self.conn.close())
+            self.conn = None
+        self.runner.close()
+
+    @property
+    def limits(self) -> Limits:
+        s = self.server
+        return Limits(s.kv_capacity if s else None, s.max_model_len if s else None)
+
+    def resolve(self, context: int | str, max_output: int | None = None) -> int | None:
+        budget = self.config.max_output if max_output is None else max_output
+        return resolve_context(context, self.limits.max_model_len, budget)
+
+    def prefill(self, context: int, max_tokens: int) -> PrefillResult:
+        """The prefill cell at ``context`` (cold cache); it also warms the shared prefix.
+
+        A context is measured once per run: a second call returns the first result, since the
+        cache is warm by then and the figure would be wrong.
+        """
+        if context not in self.prefills:
+            assert self.conn and self.factory and self.dialect and self.server
+            first = self.run(
+                run_prefill(
+                    self.conn, self.factory, self.dialect, self.server.model, context, max_tokens
+                )
+            )
+            more = [self._cold(context, max_tokens) for _ in range(self.config.prefill_repeats - 1)]
+            self.prefills[context] = median_prefill([first, *more])
+        return self.prefills[context]
+
+    def prefill_again(self, context: int, max_tokens: int) -> PrefillResult:
+        """Measure the prefill cell once more (``prefill_repeats`` cold requests), each on a new
+        cold prefix (a fresh salt)."""
+        return median_prefill(
+            [self._cold(context, max_tokens) for _ in range(self.config.prefill_repeats)]
+        )
+
+    def _cold(self, context: int, max_tokens: int) -> PrefillResult:
+        """One cold request at ``context`` on a prefix never sent before (a fresh salt)."""
+        assert self.conn and self.factory and self.dialect and self.server
+        factory = self.factory.fresh()
+        return self.run(
+            run_prefill(self.conn, factory, self.dialect, self.server.model, context, max_tokens)
+        )
+
+    def decode(self, context: int, concurrency: int) -> DecodeResult:
+        assert self.conn and self.factory and self.dialect and self.server
+        cfg = self.config
+        return self.run(
+            run_decode(
+                self.conn,
+                self.factory,
+                self.dialect,
+                self.server.model,
+                context,
+                concurrency,
+                cfg.max_output,
+                cfg.duration,
+                watch_metrics=self.server.has_metrics,
+            )
+        )
+
+    def healthy(self) -> bool:
+        """Does the server still answer?"""
+        assert self.conn is not None
+        try:
+            status, _ = self.run(self.conn.get("/v1/models"))
+        except LLMSpeedError:
+            return False
+        return status == 200

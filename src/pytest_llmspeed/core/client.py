@@ -1,0 +1,356 @@
+"""OpenAI-compatible streaming client on aiohttp.
+
+The hot path reads raw bytes with ``iter_any()`` and stamps each read once with
+``time.perf_counter()``. JSON is parsed in the hot path only until a stream's first token is
+seen (the decode window needs that in real time); everything else is parsed after the cell by
+:func:`account_tokens`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from .errors import KeyRejected, LLMSpeedError, RequestRejected, ServerUnreachable, redact
+
+#: aiohttp read buffer: large enough for long responses without line-length limits.
+READ_BUFSIZE = 4 * 1024 * 1024
+#: seconds an idle pooled connection is kept (below uvicorn's 5 s keep-alive timeout)
+KEEPALIVE_S = 4.0
+
+
+@dataclass
+class Connection:
+    """One server endpoint with one pooled aiohttp session, bound to the running loop."""
+
+    base_url: str
+    api_key: str | None
+    timeout: float
+    session: aiohttp.ClientSession
+
+    @classmethod
+    def open(cls, base_url: str, api_key: str | None, timeout: float) -> Connection:
+        """Create inside the event loop that will use it."""
+        # Idle pooled connections are dropped after KEEPALIVE_S, before the server's own
+        # keep-alive timeout (uvicorn, under vLLM and SGLang: 5 s) closes them under a request.
+        connector = aiohttp.TCPConnector(
+            limit=0, force_close=False, enable_cleanup_closed=True, keepalive_timeout=KEEPALIVE_S
+        )
+        session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, connect=timeout, sock_read=timeout),
+            read_bufsize=READ_BUFSIZE,
+        )
+        return cls(base_url.rstrip("/"), api_key, timeout, session)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def url(self, path: str) -> str:
+        return f"{self.base_url}{path}"
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def warm_pool(self, n: int) -> None:
+        """Open ``n`` pooled keep-alive connections, so that starting n streams at once
+        writes n requests at once instead of first opening n TCP connections (which would
+        count in the TTFT of streams already started)."""
+
+        async def one() -> None:
+            try:
+                async with self.session.get(self.url("/v1/models"), headers=self.headers) as r:
+                    await r.read()
+            except (TimeoutError, aiohttp.ClientError, OSError):
+                pass
+
+        await asyncio.gather(*(one() for _ in range(n)))
+
+    async def send(self, method: str, path: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        """Send a request; returns once the response headers are in (use it as ``async with``).
+
+        A pooled keep-alive connection the server closed while it sat idle fails at once
+        (disconnected, or "Can not write request body"): the request is sent again, once, on a
+        new connection. Nothing reached the server, so this is not a retry of a request the
+        server saw; a refused connection (server down) is not retried."""
+        try:
+            return await self.session.request(method, self.url(path), **kwargs)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                raise
+        return await self.session.request(method, self.url(path), **kwargs)
+
+    async def get(self, path: str) -> tuple[int, str]:
+        """GET a path; returns (status, body text). Connection problems → ServerUnreachable."""
+        try:
+            async with await self.send("GET", path, headers=self.headers) as resp:
+                return resp.status, await resp.text()
+        except (TimeoutError, aiohttp.ClientConnectionError, OSError) as exc:
+            raise self._unreachable(exc) from None
+
+    async def post_json(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """POST JSON, return the JSON answer; HTTP errors → RequestRejected / KeyRejected."""
+        try:
+            async with await self.send("POST", path, json=payload, headers=self.headers) as resp:
+                body = await resp.text()
+                if resp.status != 200:
+                    raise self.http_error(resp.status, body, path)
+                answer: dict[str, Any] = json.loads(body)
+                return answer
+        except (TimeoutError, aiohttp.ClientConnectionError, OSError) as exc:
+            raise self._unreachable(exc) from None
+
+    def _unreachable(self, exc: BaseException) -> ServerUnreachable:
+        if isinstance(exc, asyncio.TimeoutError):
+            return ServerUnreachable(
+                redact(
+                    f"cannot reach the LLM server at {self.base_url}: no answer within "
+                    f"{self.timeout:g} s",
+                    self.api_key,
+                ),
+                setting="timeout",
+            )
+        what = str(exc) or type(exc).__name__
+        return ServerUnreachable(
+            redact(f"cannot reach the LLM server at {self.base_url}: {what}", self.api_key)
+        )
+
+    def http_error(self, status: int, body: str, path: str | None = None) -> LLMSpeedError:
+        """The typed error of an HTTP error answer (the key, if echoed, redacted)."""
+        message = redact(error_message(body), self.api_key)
+        if status == 401 or status == 403:
+            return KeyRejected(f"API key rejected by {self.base_url} (HTTP {status}: {message})")
+        return RequestRejected(status, message, self.url(path) if path else None)
+
+
+def error_message(body: str) -> str:
+    """The human part of an OpenAI/vLLM error body, or the body itself, shortened."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body.strip()[:300] or "(empty body)"
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict):
+            msg = err.get("message") or err.get("detail") or err.get("msg")
+            if msg:
+                return str(msg)[:500]
+        if isinstance(err, str):
+            return err[:500]
+        detail = data.get("detail")
+        if detail:
+            return str(detail)[:500]
+    return body.strip()[:300]
+
+
+@dataclass
+class StreamRecord:
+    """What one streamed request saw: raw reads with their times, then the parsed accounting."""
+
+    t_send: float = 0.0
+    reads: list[tuple[float, bytes]] = field(default_factory=list)
+    t_first: float | None = None  # first chunk carrying an output token (real time)
+    t_end: float | None = None  # stream finished, failed or was cancelled
+    status: int | None = None
+    error: str | None = None
+    cancelled: bool = False
+    error_setting: str | None = None  # the setting that may fix the error ("timeout")
+    # filled by account_tokens():
+    token_times: list[float] = field(default_factory=list)  # one entry per token-carrying chunk
+    token_counts: list[int] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    usage_per_chunk: bool = True
+    finished: bool = False  # the stream ended normally ([DONE] or a finish_reason)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(self.token_counts)
+
+
+def _split_events(reads: list[tuple[float, bytes]]) -> list[tuple[float, bytes]]:
+    """SSE ``data:`` payloads with the time of the read that completed them."""
+    events: list[tuple[float, bytes]] = []
+    buf = b""
+    for t, data in reads:
+        buf += data
+        if b"\n" not in data:
+            continue
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            line = line.strip()
+            if line.startswith(b"data:"):
+                events.append((t, line[5:].strip()))
+    tail = buf.strip()
+    if tail.startswith(b"data:") and reads:
+        events.append((reads[-1][0], tail[5:].strip()))
+    return events
+
+
+def _chunk_text_len(choice: dict[str, Any]) -> int:
+    """Characters of output (text, content, reasoning) a choice carries."""
+    n = len(choice.get("text") or "")
+    delta = choice.get("delta")
+    if delta:
+        n += len(delta.get("content") or "")
+        n += len(delta.get("reasoning_content") or "")
+        n += len(delta.get("reasoning") or "")
+        if delta.get("tool_calls"):
+            n += 1
+    return n
+
+
+def _carries_token(obj: dict[str, Any]) -> bool:
+    usage = obj.get("usage")
+    if usage and (usage.get("completion_tokens") or 0) > 0:
+        return True
+    return any(_chunk_text_len(c) > 0 for c in obj.get("choices") or ())
+
+
+def account_tokens(rec: StreamRecord) -> StreamRecord:
+    """Parse the recorded events: per-chunk tokens from the rise of usage.completion_tokens.
+
+    Where chunks carry no usage, count one token per non-empty chunk and set
+    ``usage_per_chunk = False`` (an estimate).
+    """
+    times: list[float] = []
+    counts: list[int] = []
+    prev = 0
+    usage_seen = 0
+    content_chunks = 0
+    fallback: list[float] = []
+    for t, payload in _split_events(rec.reads):
+        if payload == b"[DONE]":
+            rec.finished = True
+            continue
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            continue
+        if not isinstance(obj, dict):
+            continue
+        if "error" in obj and not obj.get("choices"):
+            err = obj["error"]
+            rec.error = rec.error or (
+                f"error event: {err.get('message', err) if isinstance(err, dict) else err}"
+            )
+            continue
+        choices = obj.get("choices") or ()
+        nonempty = any(_chunk_text_len(c) > 0 for c in choices)
+        for c in choices:
+            if c.get("finish_reason"):
+                rec.finish_reason = c["finish_reason"]
+        if choices:
+            content_chunks += 1
+            if nonempty:
+                fallback.append(t)
+        usage = obj.get("usage")
+        if usage:
+            rec.prompt_tokens = usage.get("prompt_tokens", rec.prompt_tokens)
+            ct = usage.get("completion_tokens")
+            if ct is not None:
+                if choices:
+                    usage_seen += 1
+                if ct > prev:
+                    times.append(t)
+                    counts.append(ct - prev)
+                    prev = ct
+                rec.completion_tokens = ct
+    if content_chunks and usage_seen >= content_chunks:
+        rec.usage_per_chunk = True
+        rec.token_times, rec.token_counts = times, counts
+    else:
+        rec.usage_per_chunk = False
+        rec.token_times, rec.token_counts = fallback, [1] * len(fallback)
+    if rec.token_times:
+        rec.t_first = rec.token_times[0]
+    return rec
+
+
+def _scan_first_token(rec: StreamRecord, pending: bytearray, data: bytes, t: float) -> None:
+    """Hot path before the first token: parse complete events until one carries a token."""
+    pending.extend(data)
+    while True:
+        idx = pending.find(b"\n")
+        if idx < 0:
+            return
+        line = bytes(pending[:idx]).strip()
+        del pending[: idx + 1]
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            continue
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and _carries_token(obj):
+            rec.t_first = t
+            return
+
+
+async def stream_request(
+    conn: Connection,
+    path: str,
+    payload: dict[str, Any] | bytes,
+    rec: StreamRecord | None = None,
+    on_first_token: Callable[[StreamRecord], None] | None = None,
+) -> StreamRecord:
+    """Send one streaming request and record every read with its arrival time.
+
+    Never raises for server-side problems: they end up in ``rec.error``. Cancellation
+    (the decode window closing) marks ``rec.cancelled`` and re-raises.
+    """
+    rec = rec or StreamRecord()
+    if isinstance(payload, bytes):
+        kwargs: dict[str, Any] = {
+            "data": payload,
+            "headers": {**conn.headers, "Content-Type": "application/json"},
+        }
+    else:
+        kwargs = {"json": payload, "headers": conn.headers}
+    pending = bytearray()
+    reads = rec.reads
+    clock = time.perf_counter
+    try:
+        rec.t_send = clock()
+        async with await conn.send("POST", path, **kwargs) as resp:
+            rec.status = resp.status
+            if resp.status != 200:
+                body = await resp.text()
+                err = conn.http_error(resp.status, body, path)
+                if isinstance(err, KeyRejected):
+                    raise err
+                rec.error = str(err)
+                return rec
+            async for data in resp.content.iter_any():
+                t = clock()
+                reads.append((t, data))
+                if rec.t_first is None:
+                    _scan_first_token(rec, pending, data, t)
+                    if rec.t_first is not None and on_first_token is not None:
+                        on_first_token(rec)
+    except asyncio.CancelledError:
+        rec.cancelled = True
+        rec.t_end = clock()
+        raise
+    except KeyRejected:
+        raise
+    except TimeoutError:
+        rec.error = f"no data for {conn.timeout:g} s (stalled stream)"
+        rec.error_setting = "timeout"
+    except aiohttp.ClientPayloadError as exc:
+        rec.error = f"stream broken: {exc}"
+    except (aiohttp.ClientConnectionError, OSError) as exc:
+        rec.error = f"connection failed: {exc}"
+    rec.t_end = clock()
+    return rec

@@ -1,0 +1,69 @@
+"""The measurement core's errors: typed, with messages meant for the user as they are.
+
+A core message says what happened in the server's and the protocol's words; it names no
+command-line option. Where a setting is the likely fix, ``setting`` names it (``"timeout"``,
+``"endpoint"``, ``"api_key"``, ``"model"``, ``"prompt_form"``) and the pytest layer adds the
+option (``--llm-timeout``) to what it prints.
+"""
+
+from __future__ import annotations
+
+
+class LLMSpeedError(Exception):
+    """An error whose message is meant for the user as it is (no traceback)."""
+
+    setting: str | None = None
+
+    def __init__(self, message: str, setting: str | None = None):
+        super().__init__(message)
+        if setting is not None:
+            self.setting = setting
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ServerUnreachable(LLMSpeedError):
+    """No connection, or no answer within the timeout."""
+
+    setting = "endpoint"
+
+
+class KeyRejected(LLMSpeedError):
+    """The server refused the API key (HTTP 401/403)."""
+
+    setting = "api_key"
+
+
+class ModelNotFound(LLMSpeedError):
+    """The server does not serve the model asked for, or serves none."""
+
+    setting = "model"
+
+
+class NotAnOpenAIServer(LLMSpeedError):
+    """The endpoint does not answer like an OpenAI-compatible server."""
+
+    setting = "endpoint"
+
+
+class RequestRejected(LLMSpeedError):
+    """The server answered a request with an HTTP error (4xx/5xx)."""
+
+    def __init__(self, status: int, message: str, url: str | None = None):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.reason = message
+        self.url = url
+
+
+class StreamBroken(LLMSpeedError):
+    """A stream that failed after the server accepted the request."""
+
+
+def redact(text: str, secret: str | None) -> str:
+    """Remove a secret from a text (API keys never appear in any output)."""
+    if secret:
+        text = text.replace(secret, "<redacted>")
+    return text

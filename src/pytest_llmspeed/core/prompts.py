@@ -1,0 +1,349 @@
+"""Exact-length prompts, sized by the server's own tokenizer (never a downloaded one).
+
+Completions API: prompts are token ids drawn from ids the server's ``/tokenize`` returned, so
+their length is exact by construction; or, with ``text=True`` (the text prompt form), text
+sized with ``/tokenize``, for servers that take no token ids and to send what text-only peers
+send. Chat API: text sized with ``/tokenize`` (with the chat template applied). Text prompts are
+checked against ``usage.prompt_tokens`` by the protocol.
+
+Every run draws a fresh salt, so no run reuses a cache left by an earlier one. Requests of one
+context share a prefix P(C) of C − s tokens and end in a unique suffix of s tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from .client import Connection
+from .errors import LLMSpeedError
+
+SUFFIX_TOKENS = 32
+
+_SEED_TEXT = (
+    "The quick brown fox jumps over the lazy dog while seven wizards quietly judge boxing. "
+    "Pack my box with five dozen liquor jugs; sphinx of black quartz, judge my vow! "
+    "0 1 2 3 4 5 6 7 8 9 10 42 256 1024 alpha beta gamma delta epsilon zeta eta theta iota "
+    "kappa lambda river mountain forest ocean desert valley island harbor bridge tower garden "
+    "engine kernel tensor matrix vector scalar cache token prompt decode prefill batch stream "
+)
+
+#: short pieces that close the last few tokens of a chat prompt (each adds one token or two)
+_FILLERS = (" a", ".", " 1", "a", "1", ",", " x", "-", " the")
+
+_WORDS = [
+    "river",
+    "mountain",
+    "forest",
+    "ocean",
+    "desert",
+    "valley",
+    "island",
+    "harbor",
+    "bridge",
+    "tower",
+    "garden",
+    "engine",
+    "kernel",
+    "tensor",
+    "matrix",
+    "vector",
+    "scalar",
+    "cache",
+    "token",
+    "prompt",
+    "decode",
+    "prefill",
+    "batch",
+    "stream",
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "theta",
+    "kappa",
+    "lambda",
+    "sigma",
+    "omega",
+    "north",
+    "south",
+    "east",
+    "west",
+    "red",
+    "green",
+    "blue",
+    "amber",
+    "silver",
+    "golden",
+    "quiet",
+    "rapid",
+    "bright",
+    "calm",
+]
+
+
+class PromptError(LLMSpeedError):
+    pass
+
+
+@dataclass
+class Prompt:
+    """One prompt, its exact length in tokens, and a fast JSON encoding of its request.
+
+    Prompts keep their shared head as ready-made JSON so that a 256K-token request is not
+    re-encoded for every request (a few ms of the event loop that other streams' reads would
+    wait for): token ids as ``[id, id, ...`` without the closing bracket, text as the JSON
+    string without its closing quote (JSON escapes character by character, so the head's and
+    the tail's escapes simply join).
+    """
+
+    body: dict[str, Any]
+    tokens: int
+    prefix_json: bytes | None = None
+    suffix: list[int] = field(default_factory=list)
+    head_json: bytes | None = None  # text prompts: JSON of the shared head, no closing quote
+    tail: str = ""  # text prompts: what follows the head
+
+    def encode(self, fields: dict[str, Any]) -> bytes:
+        """The whole request body: the prompt plus ``fields`` (model, max_tokens, ...)."""
+        rest = json.dumps(fields)[1:].encode()
+        if self.prefix_json is not None:
+            suffix = b", " + json.dumps(self.suffix)[1:-1].encode() if self.suffix else b""
+            return b"".join((b'{"prompt": ', self.prefix_json, suffix, b"], ", rest))
+        if self.head_json is not None:  # one join: a 256K-token head is ~1.4 MB
+            tail = json.dumps(self.tail)[1:].encode()
+            if "prompt" in self.body:
+                return b"".join((b'{"prompt": ', self.head_json, tail, b", ", rest))
+            return b"".join(
+                (b'{"messages": [{"role": "user", "content": ', self.head_json, tail, b"}], ", rest)
+            )
+        return json.dumps({**self.body, **fields}).encode()
+
+
+@dataclass
+class PromptFactory:
+    """Builds the prompts of one run (one salt) for one API (``completions`` or ``chat``).
+
+    ``text``: completions prompts as text (sized with ``/tokenize``) instead of token ids;
+    chat prompts are always text.
+    """
+
+    conn: Connection
+    model: str
+    api: str = "completions"
+    text: bool = False
+    salt: int = field(default_factory=lambda: int.from_bytes(os.urandom(8), "big"))
+    suffix_tokens: int = SUFFIX_TOKENS
+    _pool: list[int] = field(default_factory=list)
+    _prefix_ids: dict[int, tuple[list[int], bytes]] = field(default_factory=dict)
+    _prefix_text: dict[int, str] = field(default_factory=dict)
+    _slot_words: tuple[list[str], int] | None = None
+    _templates: dict[int, tuple[str, int] | None] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    _head_json: dict[int, bytes] = field(default_factory=dict)
+
+    @property
+    def uses_ids(self) -> bool:
+        """Prompts are token ids: a new one costs no request to the server."""
+        return self.api == "completions" and not self.text
+
+    def fresh(self) -> PromptFactory:
+        """A factory with a new salt (so its prefixes are cold on the server) that shares what
+        this one learned of the tokenizer (token-id pool, slot words)."""
+        return PromptFactory(
+            self.conn,
+            self.model,
+            api=self.api,
+            text=self.text,
+            suffix_tokens=self.suffix_tokens,
+            _pool=self._pool,
+            _slot_words=self._slot_words,
+        )
+
+    def cheap(self, context: int) -> bool:
+        """A new unique prompt at ``context`` costs no request to the server (token ids, or
+        text whose template is built): a decode cell makes a fresh one for every restart."""
+        return self.uses_ids or self._templates.get(context) is not None
+
+    async def _tokenize(self, **body: Any) -> list[int]:
+        body.setdefault("model", self.model)
+        data = await self.conn.post_json("/tokenize", body)
+        tokens = data.get("tokens")
+        if not isinstance(tokens, list):
+            raise PromptError(f"/tokenize on {self.conn.base_url} did not return token ids")
+        return tokens
+
+    async def id_pool(self) -> list[int]:
+        """Token ids the server's tokenizer really produces (valid for any vocabulary size)."""
+        if not self._pool:
+            ids = await self._tokenize(prompt=_SEED_TEXT, add_special_tokens=False)
+            self._pool = sorted(set(ids))
+            if len(self._pool) < 8:
+                raise PromptError("the server's tokenizer gave fewer than 8 distinct token ids")
+        return self._pool
+
+    def _rng(self, *key: int) -> random.Random:
+        return random.Random(hash((self.salt, *key)))
+
+    async def prompt(self, context: int, index: int) -> Prompt:
+        """Prompt ``index`` at ``context`` tokens: shared prefix P(C) + unique suffix."""
+        s = min(self.suffix_tokens, max(context - 1, 0))
+        if self.uses_ids:
+            pool = await self.id_pool()
+            if context not in self._prefix_ids:
+                prefix_rng = self._rng(context)
+                ids = [prefix_rng.choice(pool) for _ in range(context - s)]
+                self._prefix_ids[context] = (ids, json.dumps(ids)[:-1].encode())
+            ids, encoded = self._prefix_ids[context]
+            suffix_rng = self._rng(context, index + 1)
+            suffix = [suffix_rng.choice(pool) for _ in range(s)]
+            return Prompt({"prompt": ids + suffix}, context, encoded, suffix)
+        head, tail = await self._text(context, index)
+        text = head + tail
+        if head and context not in self._head_json:
+            self._head_json[context] = json.dumps(head)[:-1].encode()
+        head_json = self._head_json.get(context) if head else None
+        if self.api == "completions":
+            return Prompt({"prompt": text}, context, head_json=head_json, tail=tail)
+        body = {"messages": [{"role": "user", "content": text}]}
+        return Prompt(body, context, head_json=head_json, tail=tail)
+
+    # -- text prompts: sized with /tokenize ---------------------------------------------------
+
+    async def _count(self, content: str) -> int:
+        """Prompt tokens of ``content`` as the server counts them in ``usage.prompt_tokens``:
+        with the chat template for chat, with the special tokens (BOS) for completions."""
+        if self.api == "completions":
+            return len(await self._tokenize(prompt=content))
+        return len(await self._tokenize(messages=[{"role": "user", "content": content}]))
+
+    async def _fit(self, head: str, target: int, rng: random.Random, sep: str) -> str:
+        """``head`` + words so that the prompt has exactly ``target`` tokens.
+
+        Words first, to get close; then, from below, short fillers whose token count the
+        server's ``/tokenize`` tells: a word can be two tokens or more (small byte-level
+        vocabularies), so words alone may step over an odd target again and again.
+        """
+        base = await self._count(head)
+        if base > target:
+            raise PromptError(f"the prompt's head alone exceeds {target} tokens")
+        words = [rng.choice(_WORDS) for _ in range(max(0, target - base) // 2)]
+
+        def text() -> str:
+            return head + (sep + " ".join(words) if words else "")
+
+        count = await self._count(text())
+        for _ in range(16):
+            if 0 <= target - count <= 8:  # close enough: fillers do the rest, from below
+                break
+            per_word = (count - base) / len(words) if words else 1.0
+            step = round((target - count) / max(per_word, 0.5))
+            if step == 0:
+                step = 1 if count < target else -1
+            if step > 0:
+                words.extend(rng.choice(_WORDS) for _ in range(step))
+            else:
+                del words[step:]
+            count = await self._count(text())
+        while count > target and words:  # from below, so that fillers can close the gap
+            del words[-1]
+            count = await self._count(text())
+        fill = await self._close(text(), "", target, count)
+        if fill is not None:
+            return text() + fill
+        fix = "token-id prompts" if self.api == "completions" else "the completions API"
+        raise PromptError(
+            f"could not size a text prompt to exactly {target} tokens with /tokenize "
+            f"(got {count}); use {fix}",
+            setting="prompt_form" if self.api == "completions" else "api",
+        )
+
+    async def slot_words(self) -> tuple[list[str], int]:
+        """Words that each add the same number of tokens after a space, and that number.
+
+        Swapping one of them for another keeps a prompt's length, with the tokenizers that split
+        words at spaces before merging (BPE of GPT-2, Llama 3, Qwen; SentencePiece): so one
+        prompt sized with /tokenize gives any number of unique prompts of the same length."""
+        if self._slot_words is None:
+            groups: dict[int, list[str]] = {}
+            for word in _WORDS:
+                n = len(await self._tokenize(prompt=" " + word, add_special_tokens=False))
+                groups.setdefault(n, []).append(word)
+            per, words = max(groups.items(), key=lambda kv: (len(kv[1]), -kv[0]))
+            self._slot_words = (words if len(words) >= 8 else [], per)
+        return self._slot_words
+
+    async def _prefix(self, context: int) -> str:
+        """P(C) as text: the run's salt, then words, sized to C − s tokens."""
+        s = min(self.suffix_tokens, max(context - 8, 0))
+        if context not in self._prefix_text:
+            rng = self._rng(context)
+            head = f"run {self.salt % 10**8}:"
+            self._prefix_text[context] = await self._fit(head, context - s, rng, " ")
+        return self._prefix_text[context]
+
+    async def _template(self, context: int) -> tuple[str, int] | None:
+        """P(C), a newline and fillers: the head of every text prompt at ``context``, and the
+        number k of slot words that close it to exactly ``context`` tokens; None if the
+        tokenizer does not count the slot words additively there (four random choices)."""
+        if context in self._templates:
+            return self._templates[context]
+        words, per = await self.slot_words()
+        head = await self._prefix(context) + "\n"
+        template = None
+        base = await self._count(head)
+        k = (context - base) // per if words else 0
+        if k >= 1:
+            rng = self._rng(context, -1)
+            choices = [[rng.choice(words) for _ in range(k)] for _ in range(4)]
+            fill = await self._close(head, "".join(" " + w for w in choices[0]), context)
+            if fill is not None:
+                counts = [
+                    await self._count(head + fill + "".join(" " + w for w in c))
+                    for c in choices[1:]
+                ]
+                if counts == [context] * 3:
+                    template = (head + fill, k)
+        if template is None:
+            self.notes.append(
+                f"text prompts at {context} tokens: the server's tokenizer does not count "
+                "words additively, so each decode cell reuses its 2N + 8 prompts in turn (a "
+                "repeated prompt may hit the prefix cache)"
+            )
+        self._templates[context] = template
+        return template
+
+    async def _close(
+        self, head: str, tail: str, target: int, count: int | None = None
+    ) -> str | None:
+        """Fillers between ``head`` and ``tail`` so that the prompt has ``target`` tokens
+        (``count``: the tokens of head + tail, when known); None if they cannot."""
+        fill = ""
+        if count is None:
+            count = await self._count(head + tail)
+        while count < target:
+            for filler in _FILLERS:
+                got = await self._count(head + fill + filler + tail)
+                if count < got <= target:
+                    fill, count = fill + filler, got
+                    break
+            else:
+                return None
+        return fill if count == target else None
+
+    async def _text(self, context: int, index: int) -> tuple[str, str]:
+        """Text prompt ``index`` as (shared head, the rest): the template and slot words drawn
+        for this index (unique), or, where there is no template, ("", a whole prompt) sized
+        with /tokenize on its own."""
+        template = await self._template(context)
+        rng = self._rng(context, index + 1)
+        if template is not None:
+            head, k = template
+            words, _ = await self.slot_words()
+            return head, "".join(" " + rng.choice(words) for _ in range(k))
+        return "", await self._fit(await self._prefix(context) + "\n", context, rng, "")

@@ -1,0 +1,463 @@
+"""The prefill cell and the sustained-decode cell of docs/metrics.md.
+
+Plain async functions over a :class:`~pytest_llmspeed.client.Connection`; they return result
+dataclasses and never import pytest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .client import Connection, StreamRecord, account_tokens, stream_request
+from .errors import KeyRejected, LLMSpeedError, RequestRejected
+from .probe import SNAPSHOT_FAMILIES, MetricsSnapshot, read_metrics, snapshot
+from .prompts import PromptFactory
+from .stats import DecodeStats, RequestTrace, decode_stats, prompt_tok_s
+
+VENDOR_FIELDS = ("ignore_eos", "min_tokens")
+
+
+@dataclass
+class Dialect:
+    """What the server accepted: negotiated once per run with a tiny request."""
+
+    api: str = "completions"  # or "chat"
+    vendor_fields: bool = True  # ignore_eos / min_tokens accepted
+    stream_options: bool = True  # include_usage / continuous_usage_stats accepted
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def path(self) -> str:
+        return "/v1/completions" if self.api == "completions" else "/v1/chat/completions"
+
+
+def request_fields(model: str, max_tokens: int, dialect: Dialect) -> dict[str, Any]:
+    """Every field of a streamed request except the prompt."""
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "stream": True}
+    if dialect.vendor_fields:
+        body["ignore_eos"] = True
+        body["min_tokens"] = max_tokens
+    if dialect.stream_options:
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    return body
+
+
+async def negotiate(conn: Connection, factory: PromptFactory, model: str, api: str) -> Dialect:
+    """Find which optional request fields the server accepts (HTTP 400/422 → drop them).
+
+    A server that refuses even the plain request while the prompt is token ids is asked again
+    with text prompts (``factory.text`` is set): some OpenAI-compatible servers take text only.
+    """
+    dialect, refused = await _negotiate_fields(conn, factory, model, api)
+    if refused and refused.status in (400, 422) and api == "completions" and not factory.text:
+        factory.text = True
+        dialect, refused = await _negotiate_fields(conn, factory, model, api)
+        if refused is None:
+            dialect.notes.insert(
+                0, "server rejected token-id prompts: prompts sent as text sized with /tokenize"
+            )
+    if refused is not None:
+        raise LLMSpeedError(f"a first small {api} request failed: {refused.error}")
+    return dialect
+
+
+async def _negotiate_fields(
+    conn: Connection, factory: PromptFactory, model: str, api: str
+) -> tuple[Dialect, StreamRecord | None]:
+    """The dialect, and the request the server refused (None once one was accepted): all
+    optional fields first, then fewer on 400/422. An accepted request that fails later in its
+    stream (an error event) still tells what the server accepts."""
+    dialect = Dialect(api=api)
+    prompt = await factory.prompt(64, -1)
+    while True:
+        rec = await stream_request(
+            conn, dialect.path, prompt.encode(request_fields(model, 2, dialect))
+        )
+        if not rec.error:
+            account_tokens(rec)
+            if not rec.usage_per_chunk and dialect.stream_options:
+                dialect.notes.append("tokens: chunk-count (the server sends no per-chunk usage)")
+            return dialect, None
+        if rec.status in (400, 422) and dialect.vendor_fields:
+            dialect.vendor_fields = False
+            dialect.notes.append(
+                "server rejected ignore_eos/min_tokens: outputs may end early (flagged per cell)"
+            )
+        elif rec.status in (400, 422) and dialect.stream_options:
+            dialect.stream_options = False
+            dialect.notes.append("server rejected stream_options: tokens: chunk-count (estimate)")
+        else:
+            return dialect, rec
+
+
+@dataclass
+class PrefillResult:
+    context: int
+    prompt_tokens: int
+    ttft_ms: float
+    prompt_tok_s: float
+    max_tokens: int
+    error: str | None = None
+    samples_ms: tuple[float, ...] = ()  # every cold request's TTFT when repeated
+
+
+def median_prefill(results: list[PrefillResult]) -> PrefillResult:
+    """One prefill cell from several cold requests (each on its own fresh prefix): TTFT is
+    their median, prompt tok/s = prompt tokens / that median; every TTFT is kept."""
+    first = results[0]
+    if len(results) == 1:
+        return dataclasses.replace(first, samples_ms=(first.ttft_ms,))
+    ttft = statistics.median(r.ttft_ms for r in results)
+    return dataclasses.replace(
+        first,
+        ttft_ms=ttft,
+        prompt_tok_s=first.prompt_tokens / (ttft / 1e3),
+        samples_ms=tuple(r.ttft_ms for r in results),
+    )
+
+
+async def run_prefill(
+    conn: Connection,
+    factory: PromptFactory,
+    dialect: Dialect,
+    model: str,
+    context: int,
+    max_tokens: int,
+) -> PrefillResult:
+    """Send the first request at ``context`` on a cold cache; it warms the shared prefix."""
+    prompt = await factory.prompt(context, 0)
+    body = prompt.encode(request_fields(model, max_tokens, dialect))
+    rec = await stream_request(conn, dialect.path, body)
+    account_tokens(rec)
+    if rec.error and rec.status is not None and 400 <= rec.status < 500:
+        raise RequestRejected(
+            rec.status, rec.error.removeprefix(f"HTTP {rec.status}: "), conn.url(dialect.path)
+        )
+    if rec.error:
+        raise LLMSpeedError(f"prefill request at {context} tokens failed: {rec.error}")
+    if rec.t_first is None:
+        raise LLMSpeedError(f"prefill request at {context} tokens produced no output token")
+    if rec.prompt_tokens is not None and rec.prompt_tokens != context:
+        raise LLMSpeedError(
+            f"the server counted {rec.prompt_tokens} prompt tokens for a prompt built to be "
+            f"{context}; prompt lengths would be wrong"
+        )
+    ttft = rec.t_first - rec.t_send
+    return PrefillResult(
+        context=context,
+        prompt_tokens=context,
+        ttft_ms=ttft * 1e3,
+        prompt_tok_s=prompt_tok_s(context, ttft),
+        max_tokens=max_tokens,
+    )
+
+
+@dataclass
+class DecodeResult:
+    context: int
+    concurrency: int
+    duration_s: float
+    max_output: int
+    stats: DecodeStats
+    token_accounting: str  # "usage" or "chunk-count" (an estimate)
+    early_stops: int  # requests that finished with fewer than max_output tokens
+    errors: dict[str, int]
+    received_tokens: int  # all tokens of all streams, window or not
+    # rise of the server's generation counter from the window's opening to its closing, and
+    # the tokens we received over that span (a range: the counter is read at an unknown moment
+    # inside each /metrics request)
+    generation_tokens_delta: float | None
+    max_waiting: float | None
+    mean_running: float | None
+    queued: bool  # the server queued requests: effective concurrency below N
+    aborted: str | None = None  # why the cell stopped early
+    aborted_setting: str | None = None  # the setting that may fix it ("timeout")
+    error_settings: frozenset[str] = frozenset()  # settings that may fix failed requests
+    received_span: tuple[int, int] | None = None
+    window: tuple[float, float] = (0.0, 0.0)  # perf_counter times the window opened and closed
+    received_chunks: int = 0  # token-carrying chunks of all streams
+    # prompt lengths the server counted (usage.prompt_tokens) that were not C: {tokens: requests}
+    wrong_lengths: dict[int, int] = field(default_factory=dict)
+    records: list[StreamRecord] = field(default_factory=list, repr=False)
+
+    @property
+    def error_rate(self) -> float:
+        return sum(self.errors.values()) / max(self.stats.requests, 1)
+
+
+async def run_decode(
+    conn: Connection,
+    factory: PromptFactory,
+    dialect: Dialect,
+    model: str,
+    context: int,
+    concurrency: int,
+    max_output: int,
+    duration: float,
+    watch_metrics: bool = True,
+    open_timeout: float | None = None,
+) -> DecodeResult:
+    """N streams in flight, restarted at once; a D-second window opened when the first N
+    streams all have their first token; every open stream cancelled at the window's end."""
+    n = concurrency
+    records: list[StreamRecord] = []
+    slots_with_token: set[int] = set()
+    opened = asyncio.Event()
+    stopping = False
+    counter = 0
+    consecutive_fail = 0
+    aborted: str | None = None
+    aborted_setting: str | None = None
+    fields = request_fields(model, max_output, dialect)
+    # Build the first requests before any stream starts: request preparation must not delay
+    # the writes of streams already started (their TTFT clock is running). After these, every
+    # restart gets a fresh unique prompt where that costs no round trip to the server (token
+    # ids; text from its template); else (a tokenizer that defeats the template, a note says
+    # so) the pool is reused in turn, since a restart must not wait for /tokenize.
+    pool_size = 2 * n + 8
+    bodies = [(await factory.prompt(context, i)).encode(fields) for i in range(1, pool_size + 1)]
+    loop = asyncio.get_running_loop()
+
+    window_open_at: list[float] = []
+
+    def first_token(slot: int) -> Callable[[StreamRecord], None]:
+        def callback(rec: StreamRecord) -> None:
+            if slot not in slots_with_token:
+                slots_with_token.add(slot)
+                if len(slots_with_token) == n and not opened.is_set():
+                    window_open_at.append(rec.t_first or time.perf_counter())
+                    opened.set()
+
+        return callback
+
+    async def worker(slot: int) -> None:
+        nonlocal counter, consecutive_fail, aborted
+        while not stopping:
+            counter += 1
+            if counter <= pool_size or not factory.cheap(context):
+                body = bodies[(counter - 1) % pool_size]
+            else:
+                body = (await factory.prompt(context, counter)).encode(fields)
+            rec = StreamRecord()
+            records.append(rec)
+            await stream_request(conn, dialect.path, body, rec, first_token(slot))
+            if rec.error:
+                consecutive_fail += 1
+                if consecutive_fail >= 4 * n + 8:
+                    aborted = f"the server failed {consecutive_fail} requests in a row: {rec.error}"
+                    opened.set()
+                    return
+                await asyncio.sleep(min(0.05 * consecutive_fail / n, 1.0))
+            elif rec.t_first is not None:
+                consecutive_fail = 0
+
+    if watch_metrics:
+        # Requests the previous cell cancelled may still run on the server (an engine notices a
+        # closed stream late): start when it is idle, so they neither slow nor count in this cell.
+        await _wait_idle(conn, min(conn.timeout, 30.0))
+    await conn.warm_pool(n)
+    before = await _metrics(conn) if watch_metrics else None
+    span_open: tuple[float, float, MetricsSnapshot | None] | None = None
+    span_close: tuple[float, float, MetricsSnapshot | None] | None = None
+    tasks = [loop.create_task(worker(i)) for i in range(n)]
+    samples: list[MetricsSnapshot] = []
+    try:
+        timeout = open_timeout if open_timeout is not None else conn.timeout
+        try:
+            await asyncio.wait_for(opened.wait(), timeout)
+        except TimeoutError:
+            aborted = (
+                f"the window never opened: {len(slots_with_token)} of {n} streams had a first "
+                f"token within {timeout:g} s"
+            )
+            aborted_setting = "timeout"
+        if aborted is None:
+            w0 = window_open_at[0]
+            w1 = w0 + duration
+            if before is not None:
+                span_open = await _timed_metrics(conn)
+            while time.perf_counter() < w1 and aborted is None:
+                if watch_metrics and before is not None:
+                    snap = await _metrics(conn)
+                    if snap is not None:
+                        samples.append(snap)
+                await asyncio.sleep(min(1.0, max(w1 - time.perf_counter(), 0)))
+            t_stop = min(time.perf_counter(), w1)
+            if span_open is not None and aborted is None:
+                span_close = await _timed_metrics(conn)
+        else:
+            w0 = w1 = t_stop = time.perf_counter()
+    finally:
+        stopping = True
+        for t in tasks:
+            t.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+    for res in results:
+        if isinstance(res, KeyRejected):
+            raise res
+    if aborted is None and t_stop < w1 - 1e-3:
+        aborted = "the window was cut short"
+    result = _decode_result(
+        records,
+        context,
+        n,
+        max_output,
+        duration,
+        w0,
+        min(w1, max(t_stop, w0)),
+        span_open,
+        span_close,
+        samples,
+        aborted,
+    )
+    return dataclasses.replace(result, aborted_setting=aborted_setting)
+
+
+async def _timed_metrics(conn: Connection) -> tuple[float, float, MetricsSnapshot | None]:
+    t0 = time.perf_counter()
+    snap = await _metrics(conn)
+    return t0, time.perf_counter(), snap
+
+
+def _received_between(records: list[StreamRecord], t0: float, t1: float) -> int:
+    total = 0
+    for rec in records:
+        total += sum(
+            c for t, c in zip(rec.token_times, rec.token_counts, strict=True) if t0 < t <= t1
+        )
+    return total
+
+
+async def _wait_idle(conn: Connection, timeout: float) -> bool:
+    """Poll /metrics until no request runs or waits (bounded); False if it never got idle."""
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        snap = await _metrics(conn)
+        if snap is None or snap.running is None:
+            return True
+        if not snap.running and not snap.waiting:
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+async def _metrics(conn: Connection) -> MetricsSnapshot | None:
+    try:
+        samples = await read_metrics(conn, SNAPSHOT_FAMILIES)
+    except LLMSpeedError:
+        return None
+    return snapshot(samples) if samples else None
+
+
+def _decode_result(
+    records: list[StreamRecord],
+    context: int,
+    n: int,
+    max_output: int,
+    duration: float,
+    w0: float,
+    w1: float,
+    span_open: tuple[float, float, MetricsSnapshot | None] | None,
+    span_close: tuple[float, float, MetricsSnapshot | None] | None,
+    samples: list[MetricsSnapshot],
+    aborted: str | None,
+) -> DecodeResult:
+    traces: list[RequestTrace] = []
+    errors: Counter[str] = Counter()
+    early = 0
+    wrong: Counter[int] = Counter()
+    estimated = False
+    error_settings: set[str] = set()
+    received = 0
+    chunks = 0
+    for rec in records:
+        account_tokens(rec)
+        if rec.token_times and not rec.usage_per_chunk:
+            estimated = True
+        if rec.error:
+            errors[_short(rec.error)] += 1
+            if rec.error_setting:
+                error_settings.add(rec.error_setting)
+        if rec.prompt_tokens is not None and rec.prompt_tokens != context:
+            wrong[rec.prompt_tokens] += 1
+        done = rec.finished and not rec.cancelled and not rec.error
+        if done and rec.n_tokens < max_output:
+            early += 1
+        received += rec.n_tokens
+        chunks += len(rec.token_counts)
+        traces.append(
+            RequestTrace(
+                t_send=rec.t_send,
+                t_end=rec.t_end if rec.t_end is not None else w1,
+                token_times=rec.token_times,
+                token_counts=rec.token_counts,
+                finished=done,
+                error=rec.error,
+            )
+        )
+    stats = decode_stats(traces, w0, w1)
+    gen_delta = None
+    span_min: int | None = None
+    span_max: int | None = None
+    if span_open and span_close and span_open[2] and span_close[2]:
+        a, b = span_open[2].generation_tokens, span_close[2].generation_tokens
+        if a is not None and b is not None:
+            gen_delta = b - a
+            # the counter was read somewhere inside each /metrics request: bracket the tokens
+            # we received over the same span
+            span_min = _received_between(records, span_open[1], span_close[0])
+            span_max = _received_between(records, span_open[0], span_close[1])
+    waits = [s.waiting for s in samples if s.waiting is not None]
+    runs = [s.running for s in samples if s.running is not None]
+    max_wait = max(waits) if waits else None
+    mean_run = sum(runs) / len(runs) if runs else None
+    queued = server_queued(waits, runs, n)
+    return DecodeResult(
+        context=context,
+        concurrency=n,
+        duration_s=duration,
+        max_output=max_output,
+        stats=stats,
+        token_accounting="chunk-count" if estimated else "usage",
+        early_stops=early,
+        errors=dict(errors),
+        received_tokens=received,
+        generation_tokens_delta=gen_delta,
+        received_span=(span_min, span_max)
+        if span_min is not None and span_max is not None
+        else None,
+        max_waiting=max_wait,
+        mean_running=mean_run,
+        queued=queued,
+        aborted=aborted,
+        window=(w0, w1),
+        received_chunks=chunks,
+        wrong_lengths=dict(wrong),
+        error_settings=frozenset(error_settings),
+        records=records,
+    )
+
+
+def server_queued(waiting: list[float], running: list[float], n: int) -> bool:
+    """Did the server queue our requests during the window (effective concurrency below N)?
+
+    From the 1 Hz samples of the server's gauges: requests waited in at least a quarter of the
+    samples, or the median sample ran fewer than N. Medians and fractions, not means: a restart
+    leaves a slot empty for the moment the new request spends in the server's front end, and
+    vLLM admits a burst of new requests over two scheduler steps, so single samples below N are
+    normal and are not queueing (a mean of 7.4 at N = 8 was flagged by an earlier rule).
+    """
+    if waiting and sum(1 for w in waiting if w > 0) >= max(1, len(waiting) // 4):
+        return True
+    return bool(running) and statistics.median(running) < n
+
+
+def _short(error: str) -> str:
+    return error if len(error) <= 160 else error[:157] + "..."

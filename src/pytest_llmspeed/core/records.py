@@ -1,0 +1,83 @@
+"""Cell records from the protocol's results: the one place measurements become
+:class:`~pytest_llmspeed.results.CellRecord` s (rounding included)."""
+
+from __future__ import annotations
+
+from ..results import CellId, CellRecord, Samples, Status
+from .protocol import DecodeResult, PrefillResult
+
+
+def _r(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def prefill_record(context: int | str, result: PrefillResult) -> CellRecord:
+    """A valid prefill cell at ``context`` (as the user gave it: 8192 or "max")."""
+    samples = result.samples_ms or (result.ttft_ms,)
+    return CellRecord(
+        id=CellId.prefill(context),
+        status=Status.VALID,
+        context_tokens=result.context,
+        prompt_tok_s=round(result.prompt_tok_s, 2),
+        ttft_ms=round(result.ttft_ms, 2),
+        completed=len(samples),
+        max_tokens=result.max_tokens,
+        repeats=len(samples),
+        samples=Samples(ttft_ms=tuple(round(x, 2) for x in samples)),
+    )
+
+
+def decode_record(context: int | str, result: DecodeResult) -> CellRecord:
+    """A valid decode cell at ``context``; the caller decides whether it failed."""
+    s = result.stats
+    return CellRecord(
+        id=CellId.decode(context, result.concurrency),
+        status=Status.VALID,
+        context_tokens=result.context,
+        total_tok_s=_r(s.total_tok_s, 2),
+        per_request_tok_s=_r(s.per_request_tok_s, 2),
+        ttft_ms=_r(s.ttft_ms, 2),
+        ttft_p90_ms=_r(s.ttft_p90_ms, 2),
+        ttft_p99_ms=_r(s.ttft_p99_ms, 2),
+        tbt_ms=_r(s.tbt_ms, 4),
+        tbt_p90_ms=_r(s.tbt_p90_ms, 4),
+        tbt_p99_ms=_r(s.tbt_p99_ms, 4),
+        avg_active=_r(s.avg_active, 3),
+        completed=s.completed,
+        output_tokens=s.output_tokens,
+        measured_s=_r(s.measured_s, 3),
+        requests=s.requests,
+        errors=sum(result.errors.values()),
+        error_summary=dict(result.errors),
+        early_stops=result.early_stops,
+        wrong_prompt_lengths={str(k): v for k, v in result.wrong_lengths.items()},
+        tokens=result.token_accounting,
+        queued=result.queued,
+        effective_concurrency=_r(result.mean_running, 2),
+        max_waiting=result.max_waiting,
+        stability_cv=_r(s.stability_cv, 4),
+        per_second_tok=tuple(s.per_second_tok),
+        received_tokens=result.received_tokens,
+        received_chunks=result.received_chunks,
+        generation_tokens_delta=result.generation_tokens_delta,
+        received_span=tuple(result.received_span) if result.received_span else None,  # type: ignore[arg-type]
+        max_output=result.max_output,
+        duration_s=result.duration_s,
+        samples=Samples(
+            ttft_ms=tuple(s.ttft_samples_ms),
+            tbt_ms=tuple(s.tbt_samples_ms),
+            per_request_tok_s=tuple(s.per_request_samples),
+        ),
+    )
+
+
+def unmeasured_record(
+    cid: CellId, status: Status, reason: str, tokens: int | None = None
+) -> CellRecord:
+    """A cell that was not measured (over capacity, too long, refused, error)."""
+    return CellRecord(
+        id=cid,
+        status=status,
+        reason=reason,
+        context_tokens=tokens if tokens is not None and tokens > 0 else None,
+    )

@@ -1,0 +1,264 @@
+"""Per-session state of the pytest layer: the bench, the simulator, the cell records, the notes.
+
+Lives in ``config.stash``; created at configure time without network, started at session start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import platform
+import sys
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from .. import __version__
+from ..core.bench import Bench, BenchConfig
+from ..core.errors import LLMSpeedError, redact
+from ..core.matrix import Skip, context_label, decode_skip, exceeds_max_model_len
+from ..core.protocol import DecodeResult, PrefillResult
+from ..core.records import prefill_record
+from ..gate.baseline import Baseline, mismatches
+from ..gate.baseline import dump as dump_baseline
+from ..gate.baseline import load as load_baseline
+from ..results import CellId, CellRecord, Results, RunInfo, Status
+from .settings import Settings
+
+
+def public_url(url: str) -> str:
+    """The endpoint without credentials or query (they may hold secrets)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    if not parts.scheme.startswith("http"):
+        return url.split("?")[0]
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+class LLMSpeedRun:
+    """One pytest session's benchmark run."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.bench: Bench | None = None
+        self.base_url: str | None = None
+        self.notes: list[str] = []
+        self.cells: dict[str, CellRecord] = {}
+        self._sim: contextlib.ExitStack | None = None
+        self.started = False
+        self.started_at = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+        self.fatal: str | None = None
+        self.baseline: Baseline | None = None
+        if settings.baseline:
+            self.baseline = load_baseline(settings.baseline)  # BaselineError: bad file
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the simulator if asked, connect, probe. Raises LLMSpeedError / ValueError."""
+        s = self.settings
+        if s.is_sim:
+            from ..sim import parse_sim_spec, running_simulator_process  # only when asked for
+
+            options = parse_sim_spec(s.endpoint)
+            self._sim = contextlib.ExitStack()
+            try:
+                self.base_url = self._sim.enter_context(running_simulator_process(options))
+            except RuntimeError as exc:
+                raise LLMSpeedError(str(exc)) from None
+            self.notes.append(f"built-in simulator: {s.endpoint.split('?')[0]} at {self.base_url}")
+        else:
+            self.base_url = s.endpoint
+        self.bench = Bench(
+            BenchConfig(
+                base_url=self.base_url,
+                api_key=s.api_key,
+                model=s.model,
+                api=s.api,
+                max_output=s.max_output,
+                duration=s.duration,
+                prefill_repeats=s.prefill_repeats,
+                text_prompts=s.prompt_form == "text",
+                timeout=s.timeout,
+                kv_capacity=s.kv_capacity,
+                kv_capacity_source="--llm-kv-capacity",
+            )
+        )
+        try:
+            self.bench.start()
+        except BaseException:
+            self.stop()
+            raise
+        assert self.bench.dialect is not None
+        self.notes.extend(self.bench.dialect.notes)
+        if self.bench.server and self.bench.server.kv_capacity is None:
+            self.notes.append("KV capacity unknown: every cell ran (no over-capacity skips)")
+        self.write_results()
+        self.started = True
+        if self.baseline is not None:
+            diff = mismatches(self.baseline, self.comparable())
+            if diff:
+                what = f"baseline {self.baseline.path} was taken with other settings: " + "; ".join(
+                    diff
+                )
+                if s.baseline_strict:
+                    self.stop()
+                    raise LLMSpeedError(what + " (--llm-baseline-strict)")
+                self.notes.append("warning: " + what)
+
+    @property
+    def prompt_form(self) -> str:
+        """What the prompts are sent as: the option, unless the server refused token ids."""
+        factory = self.bench.factory if self.bench else None
+        if factory is None:
+            return self.settings.effective_prompt_form
+        return "ids" if factory.uses_ids else "text"
+
+    def comparable(self) -> dict[str, Any]:
+        """The run settings a baseline must share to be compared with this run."""
+        server = self.bench.server if self.bench else None
+        return {
+            "model": server.model if server else self.settings.model,
+            "api": self.settings.api,
+            "prompt_form": self.prompt_form,
+            "max_output": self.settings.max_output,
+            "duration_s": self.settings.duration,
+        }
+
+    def save_baseline(self) -> str | None:
+        if not self.settings.save_baseline or not self.cells:
+            return None
+        server = self.bench.server if self.bench else None
+        run = {
+            **self.comparable(),
+            "engine": server.engine if server else None,
+            "engine_version": server.version if server else None,
+            "server": public_url(self.settings.endpoint),
+            "kv_capacity": server.kv_capacity if server else None,
+        }
+        n = dump_baseline(self.settings.save_baseline, run, list(self.cells.values()))
+        return f"baseline: {n} cells written to {self.settings.save_baseline}"
+
+    def stop(self) -> None:
+        if self.bench is not None:
+            with contextlib.suppress(Exception):
+                self.bench.close()
+            self.bench = None
+        if self._sim is not None:
+            self._sim.close()
+            self._sim = None
+
+    def run_info(self) -> RunInfo:
+        """What this run is, as the results model records it."""
+        server = self.bench.server if self.bench else None
+        dialect = self.bench.dialect if self.bench else None
+        factory = self.bench.factory if self.bench else None
+        return RunInfo(
+            tool=f"pytest-llmspeed {__version__}",
+            started=self.started_at,
+            endpoint=public_url(self.settings.endpoint),
+            model=server.model if server else self.settings.model,
+            engine=server.engine if server else None,
+            engine_version=server.version if server else None,
+            max_model_len=server.max_model_len if server else None,
+            kv_capacity=server.kv_capacity if server else None,
+            kv_capacity_source=server.kv_capacity_source if server else None,
+            api=dialect.api if dialect else None,
+            prompt_form=self.prompt_form,
+            notes=tuple(self.notes),
+            settings=self.settings.public(),
+            salt=factory.salt if factory else None,
+            python=sys.version.split()[0],
+            platform=platform.platform(),
+            pytest=pytest.__version__,
+        )
+
+    def results(self) -> Results:
+        return Results(self.run_info(), tuple(self.cells.values()))
+
+    def write_results(self) -> None:
+        """Rewrite the results file (after every cell: a run that dies keeps what it measured)."""
+        if self.settings.results:
+            self.results().dump(self.settings.results)
+
+    def header(self) -> list[str]:
+        if not self.bench or not self.bench.server:
+            return [f"llmspeed: endpoint {public_url(self.settings.endpoint)} (not probed)"]
+        s = self.settings
+        return [
+            "llmspeed "
+            + self.redact(
+                self.bench.server.describe().replace(
+                    self.bench.server.base_url, public_url(self.bench.server.base_url)
+                )
+            ),
+            f"llmspeed: api {s.api} ({'token-id' if self.prompt_form == 'ids' else 'text'} "
+            "prompts) · "
+            f"max output {s.max_output} · window {s.duration:g} s · "
+            f"contexts {','.join(context_label(c) for c in s.contexts)} · "
+            f"concurrency {','.join(map(str, s.concurrency))}",
+        ]
+
+    def redact(self, text: str) -> str:
+        return redact(text, self.settings.api_key)
+
+    # -- cells -----------------------------------------------------------------------------
+
+    def record(self, rec: CellRecord) -> None:
+        """Keep a cell's record (replacing an earlier one of the same cell) and write the
+        results file."""
+        factory = self.bench.factory if self.bench else None
+        for note in factory.notes if factory else ():
+            if note not in self.notes:
+                self.notes.append(note)
+        self.cells[str(rec.id)] = rec
+        self.write_results()
+
+    def resolve(self, context: int | str) -> int | None:
+        return self.bench.resolve(context) if self.bench is not None else None
+
+    def skip(self, cid: CellId) -> Skip | None:
+        """Why a cell cannot run on this server (known after the probe), else None."""
+        if self.bench is None or self.bench.server is None:
+            return None
+        limits = self.bench.limits
+        tokens = self.bench.resolve(cid.context)
+        if tokens is None:
+            return Skip(
+                Status.DOES_NOT_FIT,
+                "context 'max' needs the server's max_model_len, which it does not report",
+            )
+        if tokens < 1:
+            return Skip(
+                Status.DOES_NOT_FIT,
+                f"context max resolves to {tokens} tokens (max_model_len too small for output)",
+            )
+        if cid.concurrency is None:
+            return exceeds_max_model_len(tokens, 1, limits)
+        return decode_skip(tokens, cid.concurrency, self.settings.max_output, limits)
+
+    def warm(self, context: int | str) -> tuple[int, PrefillResult]:
+        """The prefill cell at ``context``: the cold request that warms the shared prefix."""
+        assert self.bench is not None
+        tokens = self.bench.resolve(context)
+        assert tokens is not None
+        fits = not exceeds_max_model_len(tokens, self.settings.max_output, self.bench.limits)
+        max_tokens = min(self.settings.max_output, 16) if fits else 1
+        first = tokens not in self.bench.prefills
+        result = self.bench.prefill(tokens, max_tokens)
+        if first:
+            self.record(prefill_record(context, result))
+        return tokens, result
+
+    def decode(self, tokens: int, concurrency: int) -> DecodeResult:
+        assert self.bench is not None
+        return self.bench.decode(tokens, concurrency)
+
+    def healthy(self) -> bool:
+        return self.bench is not None and self.bench.healthy()

@@ -1,0 +1,295 @@
+"""Options, their ini twins and environment variables, validated into one frozen Settings.
+
+Precedence, lowest first: ini file < environment < command line.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from ..core.matrix import MatrixError, parse_concurrency, parse_contexts
+
+DEFAULT_CONTEXTS = "8K,16K,32K,64K,128K,max"
+DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One ``--llm-*`` option with its ini twin (``llm_*``) and environment variables."""
+
+    name: str  # without the leading --llm-
+    help: str
+    default: str | None = None
+    env: tuple[str, ...] = ()
+    choices: tuple[str, ...] = ()
+    switch: bool = False  # a switch: --llm-x on the command line, true/false in the ini file
+
+    @property
+    def flag(self) -> str:
+        return f"--llm-{self.name}"
+
+    @property
+    def ini(self) -> str:
+        return "llm_" + self.name.replace("-", "_")
+
+    @property
+    def dest(self) -> str:
+        return "llm_" + self.name.replace("-", "_")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "endpoint",
+        "base URL of an OpenAI-compatible server (http://host:8000), or 'sim' / "
+        "'sim:PROFILE?speed=10&noise=0.03' for the built-in simulator. Without it the plugin "
+        "does nothing.",
+        env=("LLMSPEED_ENDPOINT",),
+    ),
+    Option("model", "served model name (default: the server's first model)"),
+    Option(
+        "api-key",
+        "API key sent as a Bearer token (never printed)",
+        env=("LLMSPEED_API_KEY", "OPENAI_API_KEY"),
+    ),
+    Option(
+        "api",
+        "which endpoint to measure: completions (token-id prompts) or chat",
+        default="completions",
+        choices=("completions", "chat"),
+    ),
+    Option(
+        "prompt-form",
+        "completions prompts as token ids (exact by construction) or as text sized with the "
+        "server's /tokenize (servers that take no token ids; what text-only benchmarks send). "
+        "Chat prompts are always text.",
+        default="ids",
+        choices=("ids", "text"),
+    ),
+    Option(
+        "contexts",
+        "decode contexts, e.g. 8K,16K,max (K = 1024 tokens; max = the largest "
+        "prompt that fits with the output)",
+        default=DEFAULT_CONTEXTS,
+    ),
+    Option("prefill-contexts", "prefill contexts (default: the decode contexts)"),
+    Option(
+        "concurrency",
+        "requests kept in flight in decode cells, e.g. 1,2,4,8",
+        default=DEFAULT_CONCURRENCY,
+    ),
+    Option("duration", "seconds of each decode cell's measurement window", default="30"),
+    Option(
+        "prefill-repeats",
+        "cold requests per prefill cell, each on a fresh prefix; the cell's TTFT is their median",
+        default="1",
+    ),
+    Option("max-output", "max_tokens of every decode request", default="4096"),
+    Option("kv-capacity", "KV-cache capacity in tokens (default: read from the server)"),
+    Option("results", "write JSON results to this path, rewritten after every cell"),
+    Option(
+        "timeout",
+        "seconds to wait for a connection or for the next bytes of a stream",
+        default="120",
+    ),
+    Option(
+        "max-error-rate",
+        "fraction of failed requests above which a decode cell fails",
+        default="0.05",
+    ),
+    Option(
+        "baseline",
+        "gate every measured cell on the floors and ceilings of this baseline file (TOML)",
+    ),
+    Option("save-baseline", "write this run's cells as a baseline file (TOML) at the end"),
+    Option(
+        "baseline-strict",
+        "a baseline taken with other settings or another model is an error, not a warning",
+        default="false",
+        switch=True,
+    ),
+    Option(
+        "confirm",
+        "re-measure a cell that misses its baseline this many more times; it fails only if "
+        "every measurement misses",
+        default="1",
+    ),
+    Option(
+        "builtin-suite",
+        "run the built-in matrix: auto (when no test was collected), always, or never",
+        default="auto",
+        choices=("auto", "always", "never"),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    endpoint: str
+    model: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    api: str = "completions"
+    prompt_form: str = "ids"
+    contexts: tuple[int | str, ...] = ()
+    prefill_contexts: tuple[int | str, ...] = ()
+    concurrency: tuple[int, ...] = ()
+    duration: float = 30.0
+    prefill_repeats: int = 1
+    max_output: int = 4096
+    kv_capacity: int | None = None
+    results: str | None = None
+    timeout: float = 120.0
+    max_error_rate: float = 0.05
+    baseline: str | None = None
+    save_baseline: str | None = None
+    baseline_strict: bool = False
+    confirm: int = 1
+    builtin_suite: str = "auto"
+
+    @property
+    def is_sim(self) -> bool:
+        return self.endpoint == "sim" or self.endpoint.startswith("sim:")
+
+    @property
+    def effective_prompt_form(self) -> str:
+        """What the prompts are sent as: chat prompts are always text."""
+        return "text" if self.api == "chat" else self.prompt_form
+
+    def public(self) -> dict[str, Any]:
+        """Settings as plain data for reports, without secrets."""
+        return {
+            "api": self.api,
+            "prompt_form": self.effective_prompt_form,
+            "contexts": [str(c) for c in self.contexts],
+            "prefill_contexts": [str(c) for c in self.prefill_contexts],
+            "concurrency": list(self.concurrency),
+            "duration_s": self.duration,
+            "prefill_repeats": self.prefill_repeats,
+            "max_output": self.max_output,
+            "kv_capacity_option": self.kv_capacity,
+            "timeout_s": self.timeout,
+            "max_error_rate": self.max_error_rate,
+            "baseline": self.baseline,
+            "confirm": self.confirm,
+            "api_key": "<redacted>" if self.api_key else None,
+        }
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("llmspeed", "LLM serving speed tests (pytest-llmspeed)")
+    for opt in OPTIONS:
+        extra = f" [env: {', '.join(opt.env)}]" if opt.env else ""
+        default = f" (default: {opt.default})" if opt.default else ""
+        if opt.switch:
+            group.addoption(
+                opt.flag,
+                dest=opt.dest,
+                action="store_const",
+                const="true",
+                default=None,
+                help=opt.help + extra,
+            )
+        else:
+            group.addoption(opt.flag, dest=opt.dest, default=None, help=opt.help + default + extra)
+        parser.addini(opt.ini, help=opt.help + default, default=None)
+
+
+def raw_value(config: pytest.Config, opt: Option) -> tuple[str | None, str]:
+    """The winning value and where it came from (for error messages)."""
+    cli = config.getoption(opt.dest, None)
+    if cli is not None:
+        return str(cli), opt.flag
+    for var in opt.env:
+        if os.environ.get(var):
+            return os.environ[var], f"environment variable {var}"
+    ini = config.getini(opt.ini)
+    if ini not in (None, "", []):
+        return str(ini).strip(), f"ini key {opt.ini}"
+    return opt.default, f"{opt.flag} default"
+
+
+def endpoint_of(config: pytest.Config) -> str | None:
+    value, _ = raw_value(config, OPTIONS[0])
+    return value or None
+
+
+def _bad(source: str, value: str, why: str) -> pytest.UsageError:
+    return pytest.UsageError(f"{source}={value!r}: {why}")
+
+
+def load(config: pytest.Config) -> Settings:
+    """Validate every option; a bad value raises ``pytest.UsageError`` naming it."""
+    values: dict[str, Any] = {}
+    for opt in OPTIONS:
+        value, source = raw_value(config, opt)
+        key = opt.dest[4:]
+        if value is None:
+            values[key] = None
+            continue
+        if opt.choices and value not in opt.choices:
+            raise _bad(source, value, f"choose one of {', '.join(opt.choices)}")
+        try:
+            values[key] = _convert(key, value)
+        except (ValueError, MatrixError) as exc:
+            raise _bad(source, value, str(exc)) from None
+    endpoint = values["endpoint"]
+    if not (
+        endpoint == "sim"
+        or endpoint.startswith("sim:")
+        or endpoint.startswith(("http://", "https://"))
+    ):
+        raise _bad(
+            raw_value(config, OPTIONS[0])[1],
+            endpoint,
+            "use a URL such as http://127.0.0.1:8000, or 'sim' for the built-in simulator",
+        )
+    if values["prefill_contexts"] is None:
+        values["prefill_contexts"] = values["contexts"]
+    return Settings(**{k: v for k, v in values.items() if v is not None})
+
+
+def _convert(key: str, value: str) -> Any:
+    if key in ("contexts", "prefill_contexts"):
+        return tuple(parse_contexts(value))
+    if key == "concurrency":
+        return tuple(parse_concurrency(value))
+    if key in ("duration", "timeout"):
+        number = _float(value, "must be a positive number of seconds")
+        if not math.isfinite(number) or number <= 0:
+            raise ValueError("must be a positive number of seconds")
+        return number
+    if key == "max_error_rate":
+        number = _float(value, "must be a fraction between 0 and 1")
+        if not 0 <= number <= 1:
+            raise ValueError("must be a fraction between 0 and 1")
+        return number
+    if key == "prefill_repeats":
+        if not value.strip().isdigit() or int(value) < 1:
+            raise ValueError("must be a whole number of requests ≥ 1")
+        return int(value)
+    if key in ("max_output", "kv_capacity"):
+        if not value.strip().isdigit() or int(value) < 1:
+            raise ValueError("must be a whole number of tokens ≥ 1")
+        return int(value)
+    if key == "baseline_strict":
+        if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise ValueError("must be true or false")
+        return value.lower() in ("true", "1", "yes")
+    if key == "confirm":
+        if not value.strip().isdigit():
+            raise ValueError("must be a whole number of extra measurements (0, 1, 2, ...)")
+        return int(value)
+    if key == "endpoint":
+        return value.strip().rstrip("/")
+    return value
+
+
+def _float(value: str, why: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(why) from None

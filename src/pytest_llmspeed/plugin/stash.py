@@ -1,0 +1,16 @@
+"""Stash keys shared by the plugin's modules (import-light)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from ..results import CellId
+
+if TYPE_CHECKING:
+    from .session import LLMSpeedRun
+
+RUN_KEY: pytest.StashKey[LLMSpeedRun] = pytest.StashKey()
+#: the cell a built-in or parametrized test item measures
+CELL_KEY: pytest.StashKey[CellId] = pytest.StashKey()

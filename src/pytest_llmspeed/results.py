@@ -1,0 +1,686 @@
+"""The results model: typed, frozen records that every output reads, and the versioned file.
+
+One run is a :class:`RunInfo` and its :class:`CellRecord` s; :func:`load` reads every results
+file this project has written, :meth:`Results.dump` writes one. Nothing here does I/O beyond
+reading and writing that file, and nothing imports pytest or the measurement core.
+
+History of the format (``schema`` key):
+
+- ``pytest-llmspeed/results/v1`` (0.1.0): ``{"schema", "run": {...}, "cells": [...]}``; a cell
+  is a flat object of figures keyed as in METRICS.md (``total_tok_s``, ``ttft_ms``, ...), its
+  ``status`` one of the words of :class:`Status`, the gate's outcome under ``baseline`` with
+  ``baseline_checks`` and ``attempts``. Later 0.x releases add keys (``notes`` on a cell,
+  ``metadata`` on the run); a reader keeps keys it does not know (``extra``) and writes them back.
+  A change of meaning of an existing key is a new major version (v2), and v1 stays readable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum, StrEnum
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "pytest-llmspeed/results/v1"
+_SCHEMA_RE = re.compile(r"^pytest-llmspeed/results/v(\d+)$")
+#: major versions this reader understands
+READABLE_VERSIONS = (1,)
+
+K = 1024
+MAX = "max"
+
+__all__ = [
+    "MAX",
+    "SCHEMA",
+    "CellId",
+    "CellRecord",
+    "Check",
+    "GateVerdict",
+    "K",
+    "Outcome",
+    "Phase",
+    "Results",
+    "ResultsError",
+    "RunInfo",
+    "Samples",
+    "Status",
+    "context_label",
+    "display_label",
+    "load",
+]
+
+
+class ResultsError(ValueError):
+    """A results file that cannot be read; the message names the file and the problem."""
+
+
+# -- words -------------------------------------------------------------------------------------
+
+
+class Phase(StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class Status(Enum):
+    """A cell's status (METRICS.md, "Status of a cell"). Values are the words the v1 file uses."""
+
+    VALID = "valid"
+    OVER_CAPACITY = "over capacity"
+    DOES_NOT_FIT = "exceeds max_model_len"
+    FAILED = "failed"
+    ERROR = "error"
+    NOT_RUN = "skipped"
+
+    @property
+    def measured(self) -> bool:
+        """Figures were measured (a failed cell keeps its figures)."""
+        return self in (Status.VALID, Status.FAILED)
+
+    @property
+    def label(self) -> str:
+        """How the matrix shows a cell without figures."""
+        return _LABELS[self]
+
+
+_LABELS = {
+    Status.VALID: "Valid",
+    Status.OVER_CAPACITY: "Over capacity",
+    Status.DOES_NOT_FIT: "Too long",
+    Status.FAILED: "FAILED",
+    Status.ERROR: "ERROR",
+    Status.NOT_RUN: "skipped",
+}
+
+
+class Outcome(Enum):
+    """The gate's verdict on one cell."""
+
+    PASS = "passed"
+    REGRESSION = "regressed"
+    IMPROVEMENT = "improved"
+    NOT_MEASURED = "not measured"
+    NO_FLOOR = "no floor"
+
+
+# -- contexts and cell ids ---------------------------------------------------------------------
+
+
+def context_label(context: int | str) -> str:
+    """Readable label: 8192 → ``8K``, 1500 → ``1500``, ``max`` stays ``max``."""
+    if isinstance(context, str):
+        return context
+    if context % K == 0:
+        return f"{context // K}K"
+    return str(context)
+
+
+def display_label(tokens: int) -> str:
+    """Label for a resolved length in tables: exact K multiples as ``8K``, others rounded down."""
+    if tokens % K == 0 or tokens >= 10 * K:
+        return f"{tokens // K}K"
+    return f"{tokens:,}"
+
+
+def _parse_label(label: str) -> int | str:
+    if label == MAX:
+        return MAX
+    if label.endswith("K"):
+        return int(label[:-1]) * K
+    return int(label)
+
+
+_CELL_ID_RE = re.compile(r"^(?:prefill\[(\d+K?|max)\]|decode\[(\d+K?|max)-c([1-9]\d*)\])$")
+
+
+@dataclass(frozen=True)
+class CellId:
+    """The one codec for cell ids: ``decode[32K-c8]``, ``prefill[max]``.
+
+    ``context`` is a token count or ``"max"``; ``concurrency`` is None for prefill cells.
+    """
+
+    phase: Phase
+    context: int | str
+    concurrency: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.phase is Phase.DECODE) != (self.concurrency is not None):
+            raise ValueError("a decode cell has a concurrency, a prefill cell has none")
+
+    @classmethod
+    def prefill(cls, context: int | str) -> CellId:
+        return cls(Phase.PREFILL, context)
+
+    @classmethod
+    def decode(cls, context: int | str, concurrency: int) -> CellId:
+        return cls(Phase.DECODE, context, concurrency)
+
+    @classmethod
+    def parse(cls, text: str) -> CellId:
+        """``"decode[32K-c8]"`` → CellId; ValueError naming the expected form otherwise."""
+        m = _CELL_ID_RE.match(text)
+        if not m:
+            raise ValueError(
+                f"unknown cell id {text!r}: cell ids look like prefill[8K] or decode[32K-c8]"
+            )
+        if m.group(1) is not None:
+            return cls.prefill(_parse_label(m.group(1)))
+        return cls.decode(_parse_label(m.group(2)), int(m.group(3)))
+
+    @property
+    def label(self) -> str:
+        """The context's label (``32K``)."""
+        return context_label(self.context)
+
+    @property
+    def param_id(self) -> str:
+        """The pytest parameter id: ``32K`` for a prefill cell, ``32K-c8`` for a decode cell."""
+        return self.label if self.concurrency is None else f"{self.label}-c{self.concurrency}"
+
+    def __str__(self) -> str:
+        return f"{self.phase.value}[{self.param_id}]"
+
+
+# -- the gate's verdict ------------------------------------------------------------------------
+
+#: floors (higher is better) and ceilings (lower is better) a baseline cell may carry
+FLOORS = ("total_tok_s", "per_request_tok_s", "prompt_tok_s")
+CEILINGS = ("ttft_ms", "tbt_ms")
+METRIC_NAMES = {
+    "total_tok_s": "total tok/s",
+    "per_request_tok_s": "per-request tok/s",
+    "prompt_tok_s": "prompt tok/s",
+    "ttft_ms": "TTFT ms",
+    "tbt_ms": "time between tokens ms",
+}
+
+
+def _minus(text: str) -> str:
+    return text.replace("-", "−")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One figure of one cell against its baseline reference, over one or more attempts."""
+
+    cell: str
+    metric: str
+    reference: float
+    tolerance: float
+    values: tuple[float, ...]  # one per attempt that measured the figure
+
+    @property
+    def is_floor(self) -> bool:
+        return self.metric in FLOORS
+
+    @property
+    def limit(self) -> float:
+        k = 1 - self.tolerance if self.is_floor else 1 + self.tolerance
+        return self.reference * k
+
+    @property
+    def value(self) -> float:
+        """The mean of the attempts."""
+        return sum(self.values) / len(self.values)
+
+    @property
+    def change(self) -> float:
+        """Relative change of the (mean) value against the reference; + is better."""
+        rel = self.value / self.reference - 1
+        return rel if self.is_floor else -rel
+
+    def misses(self, value: float) -> bool:
+        return value < self.limit if self.is_floor else value > self.limit
+
+    @property
+    def regressed(self) -> bool:
+        """Confirmed: every attempt misses, and so does their mean."""
+        return all(self.misses(v) for v in self.values) and self.misses(self.value)
+
+    @property
+    def improved(self) -> bool:
+        """Better than the reference by more than the tolerance (+5.0 % at 5 % is not: the
+        float of 105/100 − 1 is a hair above 0.05)."""
+        return self.change > self.tolerance + 1e-9
+
+    @property
+    def last_misses(self) -> bool:
+        """The latest attempt misses: the pytest layer measures again."""
+        return self.misses(self.values[-1])
+
+    def message(self) -> str:
+        name = METRIC_NAMES[self.metric]
+        sign = "−" if self.is_floor else "+"
+        cmp, word = ("<", "floor") if self.is_floor else (">", "ceiling")
+        attempts = ""
+        if len(self.values) > 1:
+            shown = ", ".join(f"{v:,.1f}" for v in self.values)
+            attempts = f" [attempts: {shown}]"
+        delta = _minus(f"{self.value / self.reference - 1:+.1%}")
+        return (
+            f"{self.cell} {name} {self.value:,.1f} {cmp} {word} {self.limit:,.1f} "
+            f"(baseline {self.reference:,.1f} {sign} {self.tolerance:.0%}): {delta}{attempts}"
+        )
+
+    def improvement_message(self) -> str:
+        delta = _minus(f"{self.value / self.reference - 1:+.1%}")
+        return (
+            f"{self.cell} {self.metric} {self.value:,.1f} vs baseline {self.reference:,.1f}: "
+            f"{delta}"
+        )
+
+    def to_v1(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "reference": self.reference,
+            "limit": round(self.limit, 3),
+            "values": list(self.values),
+            "change": round(self.change, 4),
+            "verdict": "regressed" if self.regressed else "passed",
+        }
+
+    @classmethod
+    def from_v1(cls, cell: str, data: Mapping[str, Any]) -> Check:
+        reference = float(data["reference"])
+        limit = float(data["limit"])
+        floor = data["metric"] in FLOORS
+        tolerance = round((1 - limit / reference) if floor else (limit / reference - 1), 4)
+        return cls(
+            cell, str(data["metric"]), reference, tolerance, tuple(map(float, data["values"]))
+        )
+
+
+@dataclass(frozen=True)
+class GateVerdict:
+    """What the gate decided about one cell, with its checks."""
+
+    outcome: Outcome
+    checks: tuple[Check, ...] = ()
+
+    @property
+    def regressions(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if c.regressed)
+
+    @property
+    def improvements(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if c.improved and not c.regressed)
+
+    @property
+    def message(self) -> str:
+        """One line per regressed figure (empty unless the outcome is a regression)."""
+        return "\n".join(c.message() for c in self.regressions)
+
+
+# -- cell records ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Per-request values of a cell (ms, tok/s)."""
+
+    ttft_ms: tuple[float, ...] = ()
+    tbt_ms: tuple[float, ...] = ()
+    per_request_tok_s: tuple[float, ...] = ()
+
+
+#: figures attached to JUnit test cases (scalars only), in this order
+PROPERTY_KEYS = (
+    "phase", "context", "context_tokens", "concurrency", "status", "reason",
+    "prompt_tok_s", "total_tok_s", "per_request_tok_s", "ttft_ms", "ttft_p90_ms", "ttft_p99_ms",
+    "tbt_ms", "tbt_p90_ms", "tbt_p99_ms", "avg_active", "completed", "output_tokens",
+    "measured_s", "requests", "errors", "early_stops", "tokens", "queued",
+    "effective_concurrency", "stability_cv",
+)  # fmt: skip
+
+# v1 key order of a measured cell (the fields a phase writes even when None)
+_PREFILL_KEYS = ("prompt_tok_s", "ttft_ms", "completed", "max_tokens", "repeats")
+_DECODE_KEYS = (
+    "total_tok_s", "per_request_tok_s", "ttft_ms", "ttft_p90_ms", "ttft_p99_ms", "tbt_ms",
+    "tbt_p90_ms", "tbt_p99_ms", "avg_active", "completed", "output_tokens", "measured_s",
+    "requests", "errors", "error_summary", "early_stops", "wrong_prompt_lengths", "tokens",
+    "queued", "effective_concurrency", "max_waiting", "stability_cv", "per_second_tok",
+    "received_tokens", "received_chunks", "generation_tokens_delta", "received_span",
+    "max_output", "duration_s",
+)  # fmt: skip
+_ID_KEYS = ("id", "phase", "context", "context_tokens", "context_display", "concurrency", "status")
+_GATE_KEYS = ("baseline", "baseline_checks", "attempts")
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """One cell of the matrix: what it is, its status, its figures (METRICS.md units)."""
+
+    id: CellId
+    status: Status
+    context_tokens: int | None = None
+    reason: str | None = None
+    # prefill
+    prompt_tok_s: float | None = None
+    max_tokens: int | None = None
+    repeats: int | None = None
+    # both phases
+    ttft_ms: float | None = None
+    completed: int | None = None
+    # decode
+    total_tok_s: float | None = None
+    per_request_tok_s: float | None = None
+    ttft_p90_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    tbt_ms: float | None = None
+    tbt_p90_ms: float | None = None
+    tbt_p99_ms: float | None = None
+    avg_active: float | None = None
+    output_tokens: int | None = None
+    measured_s: float | None = None
+    requests: int | None = None
+    errors: int | None = None
+    error_summary: Mapping[str, int] | None = None
+    early_stops: int | None = None
+    wrong_prompt_lengths: Mapping[str, int] | None = None
+    tokens: str | None = None  # token accounting: "usage" or "chunk-count" (an estimate)
+    queued: bool | None = None
+    effective_concurrency: float | None = None
+    max_waiting: float | None = None
+    stability_cv: float | None = None
+    per_second_tok: tuple[int, ...] | None = None
+    received_tokens: int | None = None
+    received_chunks: int | None = None
+    generation_tokens_delta: float | None = None
+    received_span: tuple[int, int] | None = None
+    max_output: int | None = None
+    duration_s: float | None = None
+    samples: Samples | None = None
+    # the gate
+    gate: GateVerdict | None = None
+    attempts: tuple[Mapping[str, float | None], ...] = ()
+    notes: tuple[str, ...] = ()
+    #: keys of the file this version does not know, kept and written back
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    # -- what the cell is
+    @property
+    def phase(self) -> Phase:
+        return self.id.phase
+
+    @property
+    def context(self) -> str:
+        """The context's label as the user gave it (``32K``, ``max``)."""
+        return self.id.label
+
+    @property
+    def concurrency(self) -> int:
+        """Requests in flight (1 for a prefill cell)."""
+        return self.id.concurrency or 1
+
+    @property
+    def context_display(self) -> str | None:
+        """The resolved length for tables (``max`` → ``20K``)."""
+        return display_label(self.context_tokens) if self.context_tokens else None
+
+    @property
+    def measured(self) -> bool:
+        return self.status.measured
+
+    def __getitem__(self, key: str) -> Any:
+        """``record["total_tok_s"]``: the v1 file's key, as 0.1's dict records were read (tests
+        written for them keep working); prefer the attributes."""
+        return self.to_v1()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.to_v1().get(key, default)
+
+    def with_status(self, status: Status, reason: str | None) -> CellRecord:
+        return dataclasses.replace(self, status=status, reason=reason)
+
+    # -- outputs
+    def properties(self) -> list[tuple[str, Any]]:
+        """The record's scalar figures as JUnit ``user_properties``."""
+        flat = self.to_v1()
+        return [
+            (key, flat[key])
+            for key in PROPERTY_KEYS
+            if key in flat and flat[key] is not None and not isinstance(flat[key], list | dict)
+        ]
+
+    def to_v1(self) -> dict[str, Any]:
+        """The cell as the v1 file writes it."""
+        out: dict[str, Any] = {
+            "id": str(self.id),
+            "phase": self.phase.value,
+            "context": self.context,
+        }
+        if self.context_tokens is not None:
+            out["context_tokens"] = self.context_tokens
+            out["context_display"] = self.context_display
+        out["concurrency"] = self.concurrency
+        out["status"] = self.status.value
+        if self.reason is not None:
+            out["reason"] = self.reason
+        if self.samples is not None:  # a measured cell: its phase's keys, None included
+            keys = _PREFILL_KEYS if self.phase is Phase.PREFILL else _DECODE_KEYS
+            for key in keys:
+                value = getattr(self, key)
+                if isinstance(value, tuple):
+                    value = list(value)
+                elif isinstance(value, Mapping):
+                    value = dict(value)
+                out[key] = value
+            samples: dict[str, list[float]] = {"ttft_ms": list(self.samples.ttft_ms)}
+            if self.phase is Phase.DECODE:
+                samples["tbt_ms"] = list(self.samples.tbt_ms)
+                samples["per_request_tok_s"] = list(self.samples.per_request_tok_s)
+            out["samples"] = samples
+        if self.gate is not None:
+            out["baseline"] = self.gate.outcome.value
+            if self.gate.checks:
+                out["baseline_checks"] = [c.to_v1() for c in self.gate.checks]
+        if self.attempts:
+            out["attempts"] = [dict(a) for a in self.attempts]
+        if self.notes:
+            out["notes"] = list(self.notes)
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_v1(cls, data: Mapping[str, Any]) -> CellRecord:
+        """A cell of a v1 file. KeyError / ValueError / TypeError on a malformed cell."""
+        cid = CellId.parse(str(data["id"]))
+        kwargs: dict[str, Any] = {
+            "id": cid,
+            "status": Status(data["status"]),
+            "context_tokens": data.get("context_tokens"),
+            "reason": data.get("reason"),
+        }
+        known = set(_ID_KEYS) | set(_GATE_KEYS) | {"reason", "samples", "notes"}
+        if "samples" in data:
+            keys = _PREFILL_KEYS if cid.phase is Phase.PREFILL else _DECODE_KEYS
+            for key in keys:
+                value = data.get(key)
+                if key in ("per_second_tok", "received_span") and value is not None:
+                    value = tuple(value)
+                kwargs[key] = value
+            known |= set(keys)
+            s = data["samples"]
+            kwargs["samples"] = Samples(
+                tuple(s.get("ttft_ms", ())),
+                tuple(s.get("tbt_ms", ())),
+                tuple(s.get("per_request_tok_s", ())),
+            )
+        if "baseline" in data:
+            checks = tuple(Check.from_v1(str(cid), c) for c in data.get("baseline_checks", ()))
+            kwargs["gate"] = GateVerdict(Outcome(data["baseline"]), checks)
+        kwargs["attempts"] = tuple(dict(a) for a in data.get("attempts", ()))
+        kwargs["notes"] = tuple(str(n) for n in data.get("notes", ()))
+        kwargs["extra"] = {k: v for k, v in data.items() if k not in known}
+        return cls(**kwargs)
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+_RUN_KEYS = (
+    "tool", "started", "endpoint", "model", "engine", "engine_version", "max_model_len",
+    "kv_capacity", "kv_capacity_source", "api", "prompt_form", "notes", "settings", "salt",
+    "python", "platform", "pytest",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What was measured, how, and with what (no secrets: the endpoint in its public form)."""
+
+    tool: str
+    started: str  # ISO 8601, UTC
+    endpoint: str
+    model: str | None = None
+    engine: str | None = None
+    engine_version: str | None = None
+    max_model_len: int | None = None
+    kv_capacity: int | None = None
+    kv_capacity_source: str | None = None
+    api: str | None = None
+    prompt_form: str | None = None
+    notes: tuple[str, ...] = ()
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    salt: int | None = None
+    python: str | None = None
+    platform: str | None = None
+    pytest: str | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)  # the user's, e.g. hardware
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_v1(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key in _RUN_KEYS:
+            value = getattr(self, key)
+            if key == "notes":
+                value = list(value)
+            elif key == "settings":
+                value = dict(value)
+            out[key] = value
+        if self.metadata:
+            out["metadata"] = dict(self.metadata)
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_v1(cls, data: Mapping[str, Any]) -> RunInfo:
+        kwargs: dict[str, Any] = {k: data.get(k) for k in _RUN_KEYS if k in data}
+        kwargs["tool"] = str(data.get("tool", "unknown"))
+        kwargs["started"] = str(data.get("started", ""))
+        kwargs["endpoint"] = str(data.get("endpoint", ""))
+        kwargs["notes"] = tuple(str(n) for n in data.get("notes") or ())
+        kwargs["settings"] = dict(data.get("settings") or {})
+        kwargs["metadata"] = {str(k): str(v) for k, v in (data.get("metadata") or {}).items()}
+        kwargs["extra"] = {k: v for k, v in data.items() if k not in (*_RUN_KEYS, "metadata")}
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class Results:
+    """One run and its cells, in the order they were measured."""
+
+    run: RunInfo
+    cells: tuple[CellRecord, ...] = ()
+
+    def cell(self, cid: CellId | str) -> CellRecord | None:
+        key = str(cid)
+        return next((c for c in self.cells if str(c.id) == key), None)
+
+    def phase(self, phase: Phase) -> list[CellRecord]:
+        return [c for c in self.cells if c.phase is phase]
+
+    def to_document(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "run": self.run.to_v1(),
+            "cells": [c.to_v1() for c in self.cells],
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_document(), indent=1) + "\n"
+
+    def dump(self, path: str | os.PathLike[str]) -> None:
+        """Write the file atomically (a reader never sees half a file)."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".llmspeed-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(self.dumps())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def loads(text: str, source: str = "<string>") -> Results:
+    """Results from the text of a results file; ResultsError names ``source`` and the problem."""
+    try:
+        doc = json.loads(text, parse_constant=_no_constant)
+    except ValueError as exc:
+        raise ResultsError(
+            f"{source}: not a pytest-llmspeed results file (not JSON: {exc})"
+        ) from None
+    if not isinstance(doc, dict) or "schema" not in doc:
+        raise ResultsError(
+            f"{source}: not a pytest-llmspeed results file (no 'schema' key; expected "
+            f"{SCHEMA!r}, written by --llm-results)"
+        )
+    m = _SCHEMA_RE.match(str(doc["schema"]))
+    if not m:
+        raise ResultsError(
+            f"{source}: not a pytest-llmspeed results file (schema {doc['schema']!r}, "
+            f"expected {SCHEMA!r})"
+        )
+    version = int(m.group(1))
+    if version not in READABLE_VERSIONS:
+        raise ResultsError(
+            f"{source}: results schema v{version} is newer than this pytest-llmspeed reads "
+            f"(v{max(READABLE_VERSIONS)}): upgrade pytest-llmspeed to read it"
+        )
+    try:
+        run = RunInfo.from_v1(doc.get("run") or {})
+        cells = tuple(CellRecord.from_v1(c) for c in doc.get("cells") or ())
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        raise ResultsError(
+            f"{source}: a malformed results file ({type(exc).__name__}: {exc})"
+        ) from None
+    return Results(run, cells)
+
+
+def _no_constant(name: str) -> float:
+    # NaN and Infinity are not JSON; the writer never emits them
+    return math.nan if name == "NaN" else math.inf
+
+
+def load(path: str | os.PathLike[str]) -> Results:
+    """Read a results file written by any version of pytest-llmspeed."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ResultsError(f"{p}: no such results file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"{p}: cannot read the results file: {exc}") from None
+    return loads(text, str(p))
+
+
+def order_contexts(cells: Iterable[CellRecord]) -> list[str]:
+    """Context labels in the order the cells first show them."""
+    out: list[str] = []
+    for c in cells:
+        if c.context not in out:
+            out.append(c.context)
+    return out
+
+
+def as_tuple(values: Sequence[Any] | None) -> tuple[Any, ...] | None:
+    return None if values is None else tuple(values)

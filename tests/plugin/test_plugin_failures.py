@@ -1,0 +1,164 @@
+"""What goes wrong on the server side reaches the user as one clear message, never a traceback."""
+
+import json
+import re
+import subprocess
+import sys
+import threading
+
+import pytest
+
+
+def test_errors_mid_stream_fail_the_cell_with_a_summary(pytester):
+    result = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=4&faults=midstream=0.5",
+        "--llm-contexts=1K",
+        "--llm-concurrency=4",
+        "--llm-duration=1",
+        "--llm-max-output=256",
+        "--llm-results=out.json",
+        "-m",
+        "decode",
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*decode[[]1K-c4[]]: * of * requests failed (*% > --llm-max-error-rate 0.05): "
+            "*× error event*"
+        ]
+    )
+    text = result.stdout.str()
+    assert "Traceback" not in text and "def test_decode" not in text
+    cell = json.loads((pytester.path / "out.json").read_text())["cells"][-1]
+    assert cell["status"] == "failed" and cell["errors"] > 0
+    assert cell["output_tokens"] > 0  # what was measured is kept
+
+
+def test_error_rate_threshold_is_an_option(pytester):
+    result = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=4&faults=start500=0.1",
+        "--llm-contexts=1K",
+        "--llm-concurrency=4",
+        "--llm-duration=1",
+        "--llm-max-output=64",
+        "--llm-max-error-rate=1",
+        "-m",
+        "decode",
+    )
+    result.assert_outcomes(passed=1)
+
+
+@pytest.fixture
+def sim_process():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest_llmspeed.sim", "--profile", "tiny", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    url = re.search(r"http://[0-9.:]+", proc.stdout.readline()).group(0)
+    yield proc, url
+    proc.kill()
+    proc.wait(10)
+
+
+def test_server_dying_mid_run_stops_cleanly_and_keeps_results(pytester, sim_process):
+    proc, url = sim_process
+    timer = threading.Timer(5.0, proc.kill)
+    timer.start()
+    try:
+        result = pytester.runpytest(
+            f"--llm-endpoint={url}",
+            "--llm-contexts=1K,2K,4K",
+            "--llm-concurrency=1,2",
+            "--llm-duration=2",
+            "--llm-max-output=256",
+            "--llm-timeout=5",
+            "--llm-results=out.json",
+            "-m",
+            "decode",
+        )
+    finally:
+        timer.cancel()
+    text = result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in text
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(
+        ["! Interrupted: pytest-llmspeed: stopped: the server at * stopped answering*"]
+    )
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) >= 1
+    assert outcomes.get("failed", 0) + outcomes.get("errors", 0) == 1
+    cells = json.loads((pytester.path / "out.json").read_text())["cells"]
+    assert sum(1 for c in cells if c["status"] == "valid" and c["phase"] == "decode") >= 1
+    assert result.duration < 60
+
+
+def test_prompt_the_server_refuses_skips_the_cell_with_its_reason(pytester):
+    # A server that does not report max_model_len cannot be checked up front: the plugin
+    # sends the prompt and the server's own refusal (HTTP 400) becomes the skip reason.
+    pytester.makeconftest(
+        """
+        import pytest
+        from pytest_llmspeed.plugin.stash import RUN_KEY
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_sessionstart(session):
+            run = session.config.stash[RUN_KEY]
+            run.bench.server.max_model_len = None
+            run.skip_reason = lambda *a: None
+        """
+    )
+    result = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=4",
+        "--llm-contexts=40K",
+        "--llm-concurrency=1",
+        "--llm-duration=1",
+        "--llm-max-output=64",
+        "-rs",
+        "-m",
+        "decode",
+    )
+    result.assert_outcomes(skipped=1, deselected=1)
+    result.stdout.fnmatch_lines(["SKIPPED * the server refused the prompt: *40960*"])
+
+
+def test_ctrl_c_keeps_the_finished_cells(tmp_path):
+    import signal
+    import time
+
+    results = tmp_path / "out.json"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--llm-endpoint=sim:tiny",
+            "--llm-contexts=1K",
+            "--llm-concurrency=1,2,4,8",
+            "--llm-duration=3",
+            "--llm-max-output=256",
+            f"--llm-results={results}",
+            "-m",
+            "decode",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if results.exists() and '"decode[1K-c2]"' in results.read_text():
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert "Traceback" not in out
+    assert "KeyboardInterrupt" in out and "Sustained decode" in out
+    cells = {c["id"]: c for c in json.loads(results.read_text())["cells"]}
+    assert cells["decode[1K-c1]"]["status"] == "valid"
+    assert cells["decode[1K-c2]"]["status"] == "valid"

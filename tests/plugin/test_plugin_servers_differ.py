@@ -1,0 +1,111 @@
+"""The plugin against servers less vLLM-like than vLLM: the simulator's ``quirks`` make it refuse
+vendor fields (422), send no usage in streams, have no /metrics, or refuse token-id prompts.
+Each run degrades gracefully: the cells run, and the report says what was estimated."""
+
+import json
+
+import pytest
+
+from tests.plugin.test_plugin_sim import TINY, run_matrix
+
+
+def _doc(pytester):
+    return json.loads((pytester.path / "out.json").read_text())
+
+
+def test_server_that_refuses_vendor_fields(pytester):
+    result = run_matrix(pytester, endpoint=f"{TINY}&quirks=no-vendor-fields")
+    result.assert_outcomes(passed=6)
+    note = "server rejected ignore_eos/min_tokens: outputs may end early (flagged per cell)"
+    result.stdout.fnmatch_lines([f"note: {note}"])
+    doc = _doc(pytester)
+    assert note in doc["run"]["notes"]
+    decode = [c for c in doc["cells"] if c["phase"] == "decode"]
+    # the tiny profile ends outputs at random without ignore_eos: counted, not hidden
+    assert all(c["output_tokens"] > 0 for c in decode)
+    assert sum(c["early_stops"] for c in decode) > 0
+
+
+def test_server_without_usage_in_streams_counts_chunks_and_says_so(pytester):
+    result = run_matrix(pytester, endpoint=f"{TINY}&quirks=no-stream-usage")
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(["note: tokens: chunk-count (the server sends no per-chunk usage)"])
+    decode = [c for c in _doc(pytester)["cells"] if c["phase"] == "decode"]
+    assert decode and all(c["tokens"] == "chunk-count" for c in decode)
+    assert all(c["total_tok_s"] > 0 and c["tbt_ms"] > 0 for c in decode)
+
+
+def test_server_without_metrics_runs_every_cell(pytester):
+    result = run_matrix(pytester, endpoint=f"{TINY}&quirks=no-metrics")
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(
+        ["note: KV capacity unknown: every cell ran (no over-capacity skips)"]
+    )
+    doc = _doc(pytester)
+    assert doc["run"]["kv_capacity"] is None
+    assert doc["run"]["kv_capacity_source"] == "unknown: every cell runs"
+
+
+def test_server_without_metrics_still_skips_by_the_given_capacity(pytester):
+    result = run_matrix(pytester, "--llm-kv-capacity=9000", endpoint=f"{TINY}&quirks=no-metrics")
+    result.assert_outcomes(passed=5, skipped=1)
+    assert _doc(pytester)["run"]["kv_capacity_source"] == "--llm-kv-capacity"
+
+
+def test_server_that_refuses_token_ids_gets_text_prompts(pytester):
+    result = run_matrix(pytester, endpoint=f"{TINY}&quirks=text-only")
+    result.assert_outcomes(passed=6)
+    note = "server rejected token-id prompts: prompts sent as text sized with /tokenize"
+    result.stdout.fnmatch_lines(["llmspeed: api completions (text prompts)*", f"note: {note}"])
+    doc = _doc(pytester)
+    assert doc["run"]["prompt_form"] == "text" and note in doc["run"]["notes"]
+    # exact lengths: the protocol checks usage.prompt_tokens == C and would fail the cell
+    prefill = {c["id"]: c for c in doc["cells"] if c["phase"] == "prefill"}
+    assert prefill["prefill[4K]"]["status"] == "valid"
+    assert prefill["prefill[4K]"]["context_tokens"] == 4096
+
+
+@pytest.mark.parametrize("form", ["ids", "text"])
+def test_prompt_form_option(pytester, form):
+    result = run_matrix(pytester, f"--llm-prompt-form={form}")
+    result.assert_outcomes(passed=6)
+    shown = {"ids": "token-id", "text": "text"}[form]
+    result.stdout.fnmatch_lines([f"llmspeed: api completions ({shown} prompts)*"])
+    doc = _doc(pytester)
+    assert doc["run"]["prompt_form"] == form
+    assert doc["run"]["settings"]["prompt_form"] == form
+
+
+def test_decode_cell_whose_prompts_the_server_counts_otherwise_fails(pytester):
+    """Text prompts rest on the server's tokenizer counting words additively (checked when the
+    template is built); if the server still counts another length, the cell fails and says so
+    (here a conftest makes every prompt after the warm-up one slot word too long)."""
+    pytester.makeconftest(
+        """
+        from pytest_llmspeed.core.prompts import PromptFactory
+
+        make = PromptFactory._text
+
+        async def longer(self, context, index):
+            head, tail = await make(self, context, index)
+            return (head, tail + " river") if index >= 1 else (head, tail)
+
+        def pytest_configure(config):
+            PromptFactory._text = longer
+
+        def pytest_unconfigure(config):  # pytester runs in this process: undo the patch
+            PromptFactory._text = make
+        """
+    )
+    result = pytester.runpytest(
+        f"--llm-endpoint={TINY}", "--llm-prompt-form=text", "--llm-contexts=1K",
+        "--llm-concurrency=2", "--llm-duration=1", "--llm-max-output=64",
+        "--llm-results=out.json",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        ["*decode[[]1K-c2[]]: the server counted other prompt lengths than 1024 tokens: 1,02* "
+         "(*×); the figures would be for other prompts*"]
+    )  # fmt: skip
+    cell = {c["id"]: c for c in _doc(pytester)["cells"]}["decode[1K-c2]"]
+    assert cell["status"] == "failed" and cell["wrong_prompt_lengths"]

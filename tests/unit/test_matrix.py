@@ -1,0 +1,71 @@
+import pytest
+
+from pytest_llmspeed.core.matrix import (
+    Limits,
+    MatrixError,
+    decode_skip,
+    display_label,
+    over_capacity,
+    parse_concurrency,
+    parse_contexts,
+    resolve_context,
+)
+from pytest_llmspeed.results import CellId, Status
+
+
+def test_parse_contexts_k_is_1024_and_max():
+    assert parse_contexts("8K,16k,8192,max,1.5K") == [8192, 16384, "max", 1536]
+
+
+@pytest.mark.parametrize("bad", ["", "8X", "-1", "0", "1.3", "max8"])
+def test_parse_contexts_rejects(bad):
+    with pytest.raises(MatrixError):
+        parse_contexts(bad)
+
+
+def test_parse_concurrency():
+    assert parse_concurrency("1, 2,4,4") == [1, 2, 4]
+    with pytest.raises(MatrixError, match="whole number"):
+        parse_concurrency("1,two")
+    with pytest.raises(MatrixError):
+        parse_concurrency("0")
+
+
+def test_cell_ids():
+    assert CellId.decode(32768, 8).param_id == "32K-c8"
+    assert CellId.decode("max", 1).param_id == "max-c1"
+    assert CellId.prefill(1000).param_id == "1000"
+
+
+def test_resolve_max_and_label():
+    assert resolve_context("max", 262144, 4096) == 258048
+    assert display_label(258048) == "252K"
+    assert resolve_context("max", None, 4096) is None
+
+
+def test_over_capacity_reason_shows_the_arithmetic():
+    skip = over_capacity(32768, 64, 4096, Limits(1_400_000, None))
+    assert skip is not None and skip.status is Status.OVER_CAPACITY
+    assert skip.reason == "Over capacity: 64 × (32K + 4096) = 2,359,296 > KV capacity 1,400,000"
+    assert over_capacity(32768, 32, 4096, Limits(1_400_000, None)) is None
+    assert over_capacity(32768, 64, 4096, Limits(None, None)) is None
+
+
+def test_reference_matrix_has_sixteen_over_capacity_cells():
+    """The reference's contexts with 4096-token outputs: exactly 16 cells over 1.4M tokens."""
+    contexts = [8, 16, 32, 64, 128, 251]
+    limits = Limits(1_400_000, 262144)
+    over = [
+        (c, n)
+        for c in contexts
+        for n in (1, 2, 4, 8, 16, 32, 64, 128)
+        if decode_skip(c * 1024, n, 4096, limits)
+    ]
+    assert len(over) == 16
+    assert (8, 128) in over and (8, 64) not in over and (251, 8) in over
+
+
+def test_too_long_comes_first():
+    skip = decode_skip(32768, 1, 4096, Limits(10**9, 32768))
+    assert skip is not None and skip.status is Status.DOES_NOT_FIT
+    assert skip.reason == "exceeds max_model_len: 32K + 4096 = 36,864 > max_model_len 32,768"

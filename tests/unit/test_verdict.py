@@ -1,0 +1,91 @@
+"""The gate's confirm rule, case by case: a figure regresses only when every attempt misses and
+so does their mean; a cell is measured again while its latest attempt misses and confirmations
+are left."""
+
+from pathlib import Path
+
+import pytest
+
+from pytest_llmspeed.gate.baseline import Baseline, CellBaseline
+from pytest_llmspeed.gate.verdict import gated, not_measured, verdict, wants_another
+from pytest_llmspeed.results import CellId, CellRecord, Outcome, Status
+
+ID = "decode[8K-c4]"
+ENTRY = CellBaseline(ID, {"total_tok_s": 100.0}, tolerance=0.05, line=1)  # floor 95
+CEILING = CellBaseline(ID, {"ttft_ms": 100.0}, tolerance=0.10, line=1)  # ceiling 110
+
+
+def cell(total=None, ttft=None):
+    return CellRecord(CellId.parse(ID), Status.VALID, 8192, total_tok_s=total, ttft_ms=ttft)
+
+
+# (entry, attempts' total tok/s or TTFT, outcome, measure again with confirm=1)
+CASES = [
+    # floors
+    (ENTRY, [100.0], Outcome.PASS, False),
+    (ENTRY, [95.0], Outcome.PASS, False),  # at the floor: not a miss
+    (ENTRY, [94.9], Outcome.REGRESSION, True),  # one attempt that misses: measure again
+    (ENTRY, [90.0, 99.0], Outcome.PASS, False),  # the re-measurement passed: noise
+    (ENTRY, [90.0, 94.0], Outcome.REGRESSION, False),  # both miss: confirmed
+    (ENTRY, [80.0, 97.0, 96.0], Outcome.PASS, False),  # not every attempt misses
+    (ENTRY, [106.0], Outcome.IMPROVEMENT, False),
+    (ENTRY, [105.0], Outcome.PASS, False),  # +5 % is within tolerance
+    # ceilings (lower is better)
+    (CEILING, [109.0], Outcome.PASS, False),
+    (CEILING, [120.0, 115.0], Outcome.REGRESSION, False),
+    (CEILING, [120.0, 100.0], Outcome.PASS, False),
+    (CEILING, [85.0], Outcome.IMPROVEMENT, False),
+]
+
+
+@pytest.mark.parametrize(("entry", "values", "outcome", "again"), CASES)
+def test_confirm_rule(entry, values, outcome, again):
+    metric = next(iter(entry.limits))
+    attempts = [cell(**{"total" if metric == "total_tok_s" else "ttft": v}) for v in values]
+    result = verdict(entry, attempts)
+    assert result.outcome is outcome
+    assert wants_another(entry, attempts, confirm=1) is again
+
+
+def test_no_confirmation_allowed_means_one_miss_fails():
+    attempts = [cell(total=90.0)]
+    assert not wants_another(ENTRY, attempts, confirm=0)
+    assert verdict(ENTRY, attempts).outcome is Outcome.REGRESSION
+
+
+def test_confirmations_stop_at_the_limit():
+    assert wants_another(ENTRY, [cell(total=90.0)] * 2, confirm=2)
+    assert not wants_another(ENTRY, [cell(total=90.0)] * 3, confirm=2)
+
+
+def test_no_entry_is_no_floor_and_no_attempt_is_not_measured():
+    assert verdict(None, [cell(total=1.0)]).outcome is Outcome.NO_FLOOR
+    assert verdict(ENTRY, []).outcome is Outcome.NOT_MEASURED
+
+
+def test_a_figure_the_cell_lacks_is_not_checked():
+    result = verdict(CellBaseline(ID, {"tbt_ms": 1.0}, 0.05, 1), [cell(total=50.0)])
+    assert result.outcome is Outcome.PASS and result.checks == ()
+
+
+def test_gated_record_fails_with_the_regressed_figures_and_keeps_the_attempts():
+    attempts = [cell(total=90.0, ttft=5.0), cell(total=91.0, ttft=6.0)]
+    record = gated(attempts[0], verdict(ENTRY, attempts), attempts)
+    assert record.status is Status.FAILED
+    assert record.reason == (
+        "decode[8K-c4] total tok/s 90.5 < floor 95.0 (baseline 100.0 − 5%): −9.5% "
+        "[attempts: 90.0, 91.0]"
+    )
+    assert [a["total_tok_s"] for a in record.attempts] == [90.0, 91.0]
+    assert record.gate is not None and record.gate.outcome is Outcome.REGRESSION
+
+
+def test_not_measured_names_the_status_of_cells_the_run_knows():
+    baseline = Baseline(Path("b.toml"), {}, 0.05)
+    for cid in ("decode[8K-c4]", "decode[8K-c64]", "prefill[8K]"):
+        baseline.cells[cid] = CellBaseline(cid, {"total_tok_s": 1.0}, 0.05, 1)
+    cells = [
+        cell(total=100.0),
+        CellRecord(CellId.parse("decode[8K-c64]"), Status.OVER_CAPACITY, reason="Over"),
+    ]
+    assert not_measured(baseline, cells) == ["decode[8K-c64] (over capacity)", "prefill[8K]"]
