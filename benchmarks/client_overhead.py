@@ -10,17 +10,17 @@ alternating, the same body (a 1,024-token-sized text prompt and the plugin's fie
 - vllm: vLLM's own ``async_request_openai_completions`` on a session built as
   ``vllm bench serve`` builds it (``trust_env=True``), and once more with ``trust_env=False``.
 
-It needs vLLM's benchmark code: run it with the Python of scripts/setup_vllm.py's environment,
-which it finds by itself (``~/.cache/pytest-llmspeed/vllm/venv``).
+It needs vLLM's benchmark code: it runs itself again with the Python of scripts/setup_vllm.py's
+environment, which it finds by itself (``$LLMSPEED_VLLM_HOME``, default
+``~/.cache/pytest-llmspeed/vllm``), the project's ``src`` on that Python's path.
 
-    python benchmarks/client_overhead.py [--requests 300]
+    python -m benchmarks.client_overhead [--requests 300]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
 import platform
@@ -30,9 +30,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = Path.home() / ".cache" / "pytest-llmspeed" / "vllm" / "venv" / "bin" / "python"
-OUT = ROOT / "benchmarks" / "results" / "client_overhead.md"
+from benchmarks.common import RESULTS, ROOT, command, machine, table, utc_now, write_page
+
+OUT = RESULTS / "client_overhead.md"
 
 _CHUNK = (
     b'data: {"id":"x","object":"text_completion","created":1,"model":"tiny","choices":[{"index":0,'
@@ -140,11 +140,12 @@ def main() -> None:
     try:
         import vllm  # noqa: F401
     except ImportError:
-        if not VLLM_PYTHON.exists():
-            sys.exit("vLLM is not set up: run `python scripts/setup_vllm.py` first")
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-        sys.exit(subprocess.call([str(VLLM_PYTHON), __file__, *sys.argv[1:]], env=env))
-    sys.path.insert(0, str(ROOT / "src"))
+        from benchmarks.common import vllm_python
+
+        # vLLM's environment has vLLM but not this project: its src goes on the path
+        path = os.pathsep.join(x for x in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if x)
+        argv = [str(vllm_python()), "-m", "benchmarks.client_overhead", *sys.argv[1:]]
+        sys.exit(subprocess.call(argv, env={**os.environ, "PYTHONPATH": path}, cwd=ROOT))
     t0 = time.monotonic()
     res = asyncio.run(measure(args.requests))
     lines = [
@@ -152,24 +153,30 @@ def main() -> None:
         "",
         "Written by `benchmarks/client_overhead.py` (its docstring says how).",
         "",
-        f"Command: `python benchmarks/client_overhead.py --requests {args.requests}` "
-        f"({time.monotonic() - t0:.0f} s). Date: "
-        f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}. Machine: "
-        f"{os.cpu_count()} cores ({platform.machine()}), loopback, Python "
-        f"{platform.python_version()}. Medians over {args.requests} requests per client.",
+        f"Command: `{command('benchmarks.client_overhead', ['--requests', str(args.requests)])}` "
+        f"({time.monotonic() - t0:.0f} s). Date: {utc_now()}. Machine: {machine()}, loopback, "
+        f"Python {platform.python_version()}. Medians over {args.requests} requests per client.",
         "",
-        "| client | clock start → server has the headers, ms (p90) | TTFT against an "
-        "instant server, ms |",
-        "| --- | ---: | ---: |",
+        *table(
+            [
+                "client",
+                "clock start → server has the headers, ms (p90)",
+                "TTFT against an instant server, ms",
+            ],
+            [
+                [
+                    name,
+                    f"{r['to_server_ms']:.3f} ({r['to_server_p90_ms']:.3f})",
+                    f"{r['ttft_ms']:.3f}",
+                ]
+                for name, r in res.items()
+            ],
+            "lrr",
+        ),
+        "",
     ]
-    for name, r in res.items():
-        lines.append(
-            f"| {name} | {r['to_server_ms']:.3f} ({r['to_server_p90_ms']:.3f}) | "
-            f"{r['ttft_ms']:.3f} |"
-        )
-    lines.append("")
     print("\n".join(lines))
-    args.out.write_text("\n".join(lines))
+    write_page(args.out, lines, "client-overhead")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ The simulator runs in its own process (its own core); the client in this one. pe
 CLOCK_MONOTONIC on Linux, shared by both processes, so the server's emission times (/sim/trace)
 and the client's arrival times are comparable.
 
-    python benchmarks/client_throughput.py [--speed 3] [--streams 128] [--duration 10]
+    python -m benchmarks.client_throughput [--speed 3] [--streams 128] [--duration 10]
 """
 
 from __future__ import annotations
@@ -12,16 +12,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
-import subprocess
-import sys
 
 import numpy as np
 
+from benchmarks.common import command
 from pytest_llmspeed.core.client import Connection
 from pytest_llmspeed.core.probe import probe
 from pytest_llmspeed.core.prompts import PromptFactory
 from pytest_llmspeed.core.protocol import negotiate, run_decode, run_prefill
+from pytest_llmspeed.sim import SimOptions, running_simulator_process
 
 
 def server_truth(requests: list[dict], w0: float, w1: float) -> tuple[int, float]:
@@ -74,32 +73,15 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--max-output", type=int, default=1024)
     args = ap.parse_args()
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest_llmspeed.sim",
-        "--profile",
-        "tiny",
-        "--port",
-        "0",
-        "--speed",
-        str(args.speed),
-        "--kv-capacity",
-        str(4 * 1024 * 1024),
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline() if proc.stdout else ""
-        match = re.search(r"http://[0-9.:]+", line)
-        if not match:
-            sys.exit(f"simulator did not start: {line!r}")
-        out = asyncio.run(
-            measure(match.group(0), args.streams, args.duration, args.context, args.max_output)
+    # the simulator in its own process: its own interpreter, so its own GIL and core
+    options = SimOptions(profile="tiny", speed=args.speed, kv_capacity=4 * 1024 * 1024)
+    with running_simulator_process(options) as url:
+        out = asyncio.run(measure(url, args.streams, args.duration, args.context, args.max_output))
+    print(
+        json.dumps(
+            {"command": command("benchmarks.client_throughput"), **vars(args), **out}, indent=1
         )
-    finally:
-        proc.terminate()
-        proc.wait(10)
-    print(json.dumps({"command": " ".join(sys.argv), **vars(args), **out}, indent=1))
+    )
     ok = out["client_total_tok_s"] >= 50_000 and abs(out["tbt_diff_ms"]) < 0.2
     print("PASS" if ok else "FAIL", "(target: >= 50,000 tok/s, |TBT diff| < 0.2 ms)")
 

@@ -20,10 +20,10 @@ of value / reference at factor 1.0, so a false-failure rate can be traced to its
 
 Usage (from the repository root):
 
-    python benchmarks/gate_noise.py                      # defaults: about 25 minutes
-    python benchmarks/gate_noise.py --profile tiny --contexts 1K,4K   # short, noisy prefills
-    python benchmarks/gate_noise.py --runs 30,10,12 --factors 1.0,0.95,0.9 --tolerance 0.05
-    python benchmarks/gate_noise.py --runs 2 --factors 1.0,0.9 --wait-idle 0   # a smoke run
+    python -m benchmarks.gate_noise                      # defaults: about 25 minutes
+    python -m benchmarks.gate_noise --profile tiny --contexts 1K,4K   # short, noisy prefills
+    python -m benchmarks.gate_noise --runs 30,10,12 --factors 1.0,0.95,0.9 --tolerance 0.05
+    python -m benchmarks.gate_noise --runs 2 --factors 1.0,0.9 --wait-idle 0   # a smoke run
 
 The machine must be quiet: the simulator runs on this machine (a child process of each pytest
 run), so other processes' CPU shows up as a slower server. The benchmark waits
@@ -57,6 +57,17 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from benchmarks.common import (
+    command,
+    cpu_seconds,
+    loadavg,
+    machine_busy_seconds,
+    table,
+    vllm_processes,
+    wait_quiet,
+    write_page,
+)
 
 # -- statistics ------------------------------------------------------------------------------
 
@@ -154,21 +165,6 @@ def pytest_argv(args: argparse.Namespace, speed: float, seed: int, *extra: str) 
     ]  # fmt: skip
 
 
-def _busy_cpu_seconds() -> float:
-    """CPU seconds spent by the whole machine since boot (all cores, not idle nor iowait)."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def _process_cpu_seconds(pid: int) -> float | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def run_pytest(argv: list[str], folder: Path) -> Run:
     """Run one pytest session; measure its own CPU and everybody else's while it ran (on
     average, and the busiest second)."""
@@ -181,34 +177,34 @@ def run_pytest(argv: list[str], folder: Path) -> Run:
     ncpu = os.cpu_count() or 1
 
     def watch(pid: int) -> None:
-        last = (time.perf_counter(), _busy_cpu_seconds(), _process_cpu_seconds(pid))
+        last = (time.perf_counter(), machine_busy_seconds(), cpu_seconds(pid))
         tick = 0
         while not done.wait(1.0):
-            now = (time.perf_counter(), _busy_cpu_seconds(), _process_cpu_seconds(pid))
+            now = (time.perf_counter(), machine_busy_seconds(), cpu_seconds(pid))
             if now[2] is None or last[2] is None:
                 break
             foreign = (now[1] - last[1] - (now[2] - last[2])) / ((now[0] - last[0]) * ncpu)
             peak[0] = max(peak[0], foreign)
             last = now
             tick += 1
-            if tick % 2 == 0 and other_servers():
+            if tick % 2 == 0 and vllm_processes():
                 seen.set()
 
     log = folder / "output.txt"
-    busy0, start = _busy_cpu_seconds(), time.perf_counter()
+    busy0, start = machine_busy_seconds(), time.perf_counter()
     with log.open("w") as out:
         proc = subprocess.Popen(argv, cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT)
         watcher = threading.Thread(target=watch, args=(proc.pid,), daemon=True)
         watcher.start()
         _, status, usage = os.wait4(proc.pid, 0)
-    seconds, busy = time.perf_counter() - start, _busy_cpu_seconds() - busy0
+    seconds, busy = time.perf_counter() - start, machine_busy_seconds() - busy0
     done.set()
     watcher.join()
     own = usage.ru_utime + usage.ru_stime
     run = Run(0.0, 0, os.waitstatus_to_exitcode(status), seconds, output=log.read_text())
     run.foreign_cpu = max(0.0, busy - own) / (seconds * ncpu)
     run.foreign_peak = peak[0]
-    run.servers_seen = seen.is_set() or bool(other_servers())
+    run.servers_seen = seen.is_set() or bool(vllm_processes())
     return run
 
 
@@ -233,36 +229,12 @@ def gate_run(args: argparse.Namespace, work: Path, baseline: Path, factor: float
     return run
 
 
-def cpu_in_use(seconds: float = 1.0) -> float:
-    """Fraction of the machine's CPU busy over the next few seconds (this process is idle)."""
-    busy0, start = _busy_cpu_seconds(), time.perf_counter()
-    time.sleep(seconds)
-    elapsed = time.perf_counter() - start
-    return (_busy_cpu_seconds() - busy0) / (elapsed * (os.cpu_count() or 1))
-
-
-def wait_idle(limit: float, quiet_for: float = 3.0, no_servers: bool = False) -> float:
+def wait_idle(limit: float, quiet_for: int = 3, no_servers: bool = False) -> float:
     """Wait (at most limit seconds) until other processes have used less than
     FOREIGN_CPU_LIMIT of the CPU for quiet_for seconds (and, with no_servers, no vLLM process
     exists); returns the seconds waited."""
-    start = time.monotonic()
-    said = -math.inf
-    quiet = 0.0
-    while time.monotonic() - start < limit and quiet < quiet_for:
-        servers, busy = other_servers(), cpu_in_use()
-        if not (no_servers and servers) and busy < FOREIGN_CPU_LIMIT:
-            quiet += 1.0
-            continue
-        quiet = 0.0
-        if time.monotonic() - said > 60:
-            said = time.monotonic()
-            print(
-                f"  waiting for an idle machine: CPU {busy:.0%} busy, load {loadavg()}, "
-                f"{len(servers)} vLLM processes",
-                flush=True,
-            )
-        time.sleep(4)
-    return time.monotonic() - start
+    max_other = FOREIGN_CPU_LIMIT * (os.cpu_count() or 1)
+    return wait_quiet(limit, max_other, quiet_for=quiet_for, no_vllm=no_servers, tag="gate-noise")
 
 
 # -- tallies ---------------------------------------------------------------------------------
@@ -330,11 +302,7 @@ def pct(x: float) -> str:
 
 
 def summary(args: argparse.Namespace, tallies: dict[float, Tally], meta: dict[str, Any]) -> str:
-    out = [
-        "| speed factor | runs | cells (failed) | checks | checks failed | rate (95 % bound) | "
-        "cells failed | first measurement missed | cells re-measured |",
-        "| ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
-    ]
+    rows = []
     for factor, t in tallies.items():
         if factor == 1.0:
             rate = t.checks_failed / t.checks if t.checks else 0.0
@@ -345,68 +313,56 @@ def summary(args: argparse.Namespace, tallies: dict[float, Tally], meta: dict[st
             bound = f"{pct(rate)} (≥ {pct(lower_bound(t.checks_failed, t.checks))})"
             what = "detected"
         cells_rate = t.cells_failed / t.cells if t.cells else 0.0
-        out.append(
-            f"| {factor:g} | {t.runs}{f' ({t.bad_runs} bad)' if t.bad_runs else ''} | "
-            f"{t.cells} | {t.checks} | {t.checks_failed} | {what} {bound} | "
-            f"{t.cells_failed} ({pct(cells_rate)}) | {t.first_misses} "
-            f"({pct(t.first_misses / t.checks if t.checks else 0)}) | {t.remeasured_cells} |"
-        )
-    out += ["", "Per metric (checks failed / checks, first measurement missed):", ""]
-    metrics = sorted({m for t in tallies.values() for m in t.per_metric})
-    out.append("| metric | " + " | ".join(f"factor {f:g}" for f in tallies) + " |")
-    out.append("| --- |" + " ---: |" * len(tallies))
-    for metric in metrics:
-        row = []
+        rows.append(
+            [
+                f"{factor:g}", f"{t.runs}{f' ({t.bad_runs} bad)' if t.bad_runs else ''}",
+                t.cells, t.checks, t.checks_failed, f"{what} {bound}",
+                f"{t.cells_failed} ({pct(cells_rate)})",
+                f"{t.first_misses} ({pct(t.first_misses / t.checks if t.checks else 0)})",
+                t.remeasured_cells,
+            ]
+        )  # fmt: skip
+    header = ["speed factor", "runs", "cells (failed)", "checks", "checks failed"]
+    header += ["rate (95 % bound)", "cells failed", "first measurement missed"]
+    out = table([*header, "cells re-measured"], rows, "rrrrrlrrr")
+    factors = [f"factor {f:g}" for f in tallies]
+    align = "l" + "r" * len(tallies)
+    rows = []
+    for metric in sorted({m for t in tallies.values() for m in t.per_metric}):
+        cells = []
         for t in tallies.values():
             n, failed, first = t.per_metric.get(metric, [0, 0, 0])
-            row.append(f"{failed}/{n} (first {first})")
-        out.append(f"| {metric} | " + " | ".join(row) + " |")
-    keys = list(dict.fromkeys(k for t in tallies.values() for k in t.ratios))
+            cells.append(f"{failed}/{n} (first {first})")
+        rows.append([metric, *cells])
+    out += ["", "Per metric (checks failed / checks, first measurement missed):", ""]
+    out += table(["metric", *factors], rows, align)
+    rows = []
+    for key in dict.fromkeys(k for t in tallies.values() for k in t.ratios):
+        cells = []
+        for t in tallies.values():
+            values = t.ratios.get(key, [])
+            if not values:
+                cells.append("")
+                continue
+            sd = statistics.stdev(values) if len(values) > 1 else 0.0
+            cells.append(
+                f"{t.failed_by_check.get(key, 0)}/{len(values)} · "
+                f"{statistics.mean(values):.3f} ± {sd:.3f}"
+            )
+        rows.append([key, *cells])
     out += [
         "",
         "Per check: failed / runs, and first measurement / baseline reference as mean ± sd "
         "(the baseline is one run: its own error shifts every comparison the same way):",
         "",
-        "| check | " + " | ".join(f"factor {f:g}" for f in tallies) + " |",
-        "| --- |" + " ---: |" * len(tallies),
+        *table(["check", *factors], rows, align),
     ]
-    for key in keys:
-        row = []
-        for t in tallies.values():
-            values = t.ratios.get(key, [])
-            if not values:
-                row.append("")
-                continue
-            sd = statistics.stdev(values) if len(values) > 1 else 0.0
-            row.append(
-                f"{t.failed_by_check.get(key, 0)}/{len(values)} · "
-                f"{statistics.mean(values):.3f} ± {sd:.3f}"
-            )
-        out.append(f"| {key} | " + " | ".join(row) + " |")
     for factor, t in tallies.items():
         if factor == 1.0 and t.failures:
             out += ["", f"False failures at factor 1.0 ({len(t.failures)}):", ""]
             out += [f"- {line}" for line in t.failures]
     out += ["", "Conditions: " + ", ".join(f"{k} {v}" for k, v in meta.items())]
     return "\n".join(out)
-
-
-def loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "n/a"
-
-
-def other_servers() -> list[str]:
-    """Running vLLM (or other model server) processes that would compete for the CPU."""
-    try:
-        out = subprocess.run(
-            ["pgrep", "-fa", "vllm|api_server"], capture_output=True, text=True
-        ).stdout
-    except OSError:
-        return []
-    return [line for line in out.splitlines() if str(os.getpid()) != line.split()[0]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -559,8 +515,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tallies = {f: tally(runs[f]) for f in factors}
     meta = {
-        "command": "python benchmarks/gate_noise.py "
-        + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command("benchmarks.gate_noise", argv),
         "matrix": f"{args.profile}, contexts {args.contexts}, concurrency {args.concurrency}, "
         f"{args.duration:g} s windows, max output {args.max_output}, prefill repeats "
         f"{args.prefill_repeats}",
@@ -590,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(text)
     if args.markdown:
-        args.markdown.write_text(text + "\n", encoding="utf-8")
+        write_page(args.markdown, [text], "gate-noise")
     return 0
 
 

@@ -1,10 +1,11 @@
 """What one /metrics sample costs the client: vLLM's whole text parsed with prometheus_client
 against only the families a decode cell's snapshot reads (``probe.SNAPSHOT_FAMILIES``).
 
-Starts the real vLLM of ``scripts/setup_vllm.py`` (tiny offline model) on a free loopback port,
-sends one request so the counters move, reads /metrics once and times both parses.
+Starts the real vLLM of ``scripts/setup_vllm.py`` (tiny offline model, ``tests/vllm_server.py``)
+on a free loopback port, sends one request so the counters move, reads /metrics once and times
+both parses.
 
-    python benchmarks/metrics_parse_cost.py
+    python -m benchmarks.metrics_parse_cost
 
 Measured 2026-11-30 (2 cores): 51,894 bytes, 629 lines; full parse 14.1–19.1 ms of CPU, filtered
 0.62 ms; the same snapshot (docs/peer-comparison.md).
@@ -12,59 +13,31 @@ Measured 2026-11-30 (2 cores): 51,894 bytes, 629 lines; full parse 14.1–19.1 m
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
-
-from pytest_llmspeed.core.probe import SNAPSHOT_FAMILIES, parse_metrics, snapshot  # noqa: E402
-from tests.vllm_server import offline_env, vllm_home  # noqa: E402
+from benchmarks.common import running_vllm
+from pytest_llmspeed.core.probe import SNAPSHOT_FAMILIES, parse_metrics, snapshot
 
 
 def main() -> None:
-    home = vllm_home()
-    python, model = home / "venv" / "bin" / "python", home / "model"
-    if not python.exists() or not model.exists():
-        sys.exit("real vLLM is not set up: run `python scripts/setup_vllm.py`")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    cmd = [
-        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-        "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "20480", "--kv-cache-memory-bytes", str(128 << 20),
-        "--disable-uvicorn-access-log",
-    ]  # fmt: skip
-    env = offline_env(dict(os.environ))
-    with open(os.devnull, "wb") as sink:
-        proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=sink, start_new_session=True)
-    try:
-        for _ in range(240):
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    sys.exit(f"vLLM exited with code {proc.returncode}")
-                time.sleep(1)
-        body = json.dumps({"model": "tiny", "prompt": [5] * 100, "max_tokens": 20}).encode()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work-dir", type=Path, default=None, help="keep the server's log here")
+    args = ap.parse_args()
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="llmspeed-metrics-"))
+    work.mkdir(parents=True, exist_ok=True)
+    with running_vllm(work) as vllm:
+        url, model = vllm.server.url, vllm.server.model
+        body = json.dumps({"model": model, "prompt": [5] * 100, "max_tokens": 20}).encode()
         req = urllib.request.Request(
             f"{url}/v1/completions", body, {"Content-Type": "application/json"}
         )
         urllib.request.urlopen(req, timeout=60).read()
         text = urllib.request.urlopen(f"{url}/metrics", timeout=60).read().decode()
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait()
     print(f"/metrics: {len(text):,} bytes, {text.count(chr(10))} lines")
     for label, families, rounds in (("full", None, 20), ("filtered", SNAPSHOT_FAMILIES, 200)):
         c0 = time.process_time()

@@ -9,7 +9,7 @@ measurement protocol of METRICS.md and prints ``docs/reference-fit.md``'s tables
   when the first N have their first token and lasts 30 s; total tok/s = tokens in window / 30;
 - the over-capacity check N x (C + 4096) > KV capacity.
 
-Usage: ``PYTHONPATH=src python benchmarks/reference_fit.py [--markdown] [--seed N]``.
+Usage: ``python -m benchmarks.reference_fit [--profile NAME] [--seed N]``.
 """
 
 from __future__ import annotations
@@ -17,12 +17,9 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
+from benchmarks.common import row, table
 from pytest_llmspeed.sim.engine import EngineCore, SimRequest
 from pytest_llmspeed.sim.profiles import Profile, get_profile
 
@@ -190,27 +187,26 @@ def report(profile: Profile, seed: int) -> tuple[str, float]:
     """Markdown tables and the worst relative error over the fitted figures."""
     prefill, decode = predict(profile, seed)
     worst = 0.0
-    lines = [
-        "### Prefill (cold prompt, one request)",
-        "",
-        "| context | ref tok/s | model tok/s | diff | ref TTFT ms | model TTFT ms | diff |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
+    rows = []
     for label, (ref_tps, ref_ttft) in REF_PREFILL.items():
         tps, ttft = prefill[label]
         worst = max(worst, abs(tps / ref_tps - 1), abs(ttft / ref_ttft - 1))
-        lines.append(
-            f"| {label} | {ref_tps:,.0f} | {tps:,.0f} | {_pct(tps, ref_tps)} | "
-            f"{ref_ttft:,} | {ttft:,.0f} | {_pct(ttft, ref_ttft)} |"
-        )
-    lines += [
+        rows.append(
+            [
+                label, f"{ref_tps:,.0f}", f"{tps:,.0f}", _pct(tps, ref_tps), f"{ref_ttft:,}",
+                f"{ttft:,.0f}", _pct(ttft, ref_ttft),
+            ]
+        )  # fmt: skip
+    lines = [
+        "### Prefill (cold prompt, one request)",
         "",
-        "### Sustained decode, total tok/s (N streams, 4096-token outputs, 30 s)",
-        "",
-        "| context | N | ref tok/s | model tok/s | diff | model per-request tok/s "
-        "| ref TTFT ms | model TTFT ms |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        *table(
+            ["context", "ref tok/s", "model tok/s", "diff", "ref TTFT ms", "model TTFT ms", "diff"],
+            rows,
+            "lrrrrrr",
+        ),
     ]
+    rows = []
     for label in CONTEXTS:
         for i, n in enumerate(CONCURRENCY):
             ref = REF_DECODE[label][i]
@@ -218,18 +214,26 @@ def report(profile: Profile, seed: int) -> tuple[str, float]:
             if ref is None or res is None:
                 continue
             worst = max(worst, abs(res.total_tps / ref - 1))
-            lines.append(
-                f"| {label} | {n} | {ref:,.1f} | {res.total_tps:,.1f} | "
-                f"{_pct(res.total_tps, ref)} | {res.per_request_tps:,.1f} | "
-                f"{REF_DECODE_TTFT_MS[label][i]:,} | {res.ttft_ms:,.0f} |"
-            )
+            rows.append(
+                [
+                    label, n, f"{ref:,.1f}", f"{res.total_tps:,.1f}", _pct(res.total_tps, ref),
+                    f"{res.per_request_tps:,.1f}", f"{REF_DECODE_TTFT_MS[label][i]:,}",
+                    f"{res.ttft_ms:,.0f}",
+                ]
+            )  # fmt: skip
+    header = ["context", "N", "ref tok/s", "model tok/s", "diff", "model per-request tok/s"]
+    lines += [
+        "",
+        "### Sustained decode, total tok/s (N streams, 4096-token outputs, 30 s)",
+        "",
+        *table([*header, "ref TTFT ms", "model TTFT ms"], rows, "lrrrrrrr"),
+    ]
     cap = profile.kv_capacity_tokens
     lines += [
         "",
         f"### Over capacity: N x (C + {M}) > {cap:,} tokens",
         "",
-        "| context | " + " | ".join(str(n) for n in CONCURRENCY) + " |",
-        "| --- |" + " :---: |" * len(CONCURRENCY),
+        *table(["context", *map(str, CONCURRENCY)], [], "l" + "c" * len(CONCURRENCY)),
     ]
     over = agree = 0
     for label, c in CONTEXTS.items():
@@ -243,7 +247,7 @@ def report(profile: Profile, seed: int) -> tuple[str, float]:
                 ("over" if model_over else "fits")
                 + ("" if model_over == ref_over else " (MISMATCH)")
             )
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append(row(label, *cells))
     total = len(CONTEXTS) * len(CONCURRENCY)
     lines += [
         "",

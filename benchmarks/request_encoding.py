@@ -2,19 +2,21 @@
 once per context and joins it with each request's tail, instead of re-encoding the whole body
 (which would hold the event loop, and every other stream's reads, for milliseconds).
 
-    python benchmarks/request_encoding.py
+    python -m benchmarks.request_encoding [--out PAGE]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import time
 from pathlib import Path
 
+from benchmarks.common import RESULTS, table, write_page
 from pytest_llmspeed.core.prompts import Prompt
 
-OUT = Path(__file__).resolve().parent / "results" / "request_encoding.md"
+OUT = RESULTS / "request_encoding.md"
 FIELDS = {
     "model": "m", "max_tokens": 4096, "stream": True, "ignore_eos": True, "min_tokens": 4096,
     "stream_options": {"include_usage": True, "continuous_usage_stats": True},
@@ -30,6 +32,9 @@ def per_request_ms(prompt: Prompt, repeats: int = 50) -> float:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=OUT, help="the results page (Markdown)")
+    args = ap.parse_args()
     ids = list(range(1000, 1000 + 262144 - 32))
     suffix = list(range(32))
     head = "run 1:" + " river mountain ocean" * 65000  # ~1.4 MB of text
@@ -50,15 +55,18 @@ def main() -> None:
         "Written by `benchmarks/request_encoding.py`; Python "
         f"{platform.python_version()}, {platform.machine()}. Median of 5 × 50 encodings.",
         "",
-        "| prompt | ms per request |",
-        "| --- | ---: |",
+        *table(
+            ["prompt", "ms per request"],
+            [
+                [name, f"{sorted(per_request_ms(prompt) for _ in range(5))[2]:.2f}"]
+                for name, prompt in cases.items()
+            ],
+            "lr",
+        ),
+        "",
     ]
-    for name, prompt in cases.items():
-        ms = sorted(per_request_ms(prompt) for _ in range(5))[2]
-        lines.append(f"| {name} | {ms:.2f} |")
-    lines.append("")
     print("\n".join(lines))
-    OUT.write_text("\n".join(lines))
+    write_page(args.out, lines, "request-encoding")
 
 
 if __name__ == "__main__":

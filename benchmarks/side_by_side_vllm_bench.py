@@ -1,12 +1,12 @@
 """The plugin and `vllm bench serve` on one real vLLM server at the same time.
 
-Why: `compare_vllm_bench.py` runs the two tools one after the other. On a 2-core machine
-the CPU server's own speed moved by up to 20 % between two back-to-back runs (its own
-histograms say so), so a 5 % agreement between tools cannot be read from sequential runs.
-Here both tools drive the server at once, each with N streams in flight: their requests
-share the engine's steps, so whatever the server does, it does to both. What is left between
-the two tools' figures is the tools (client, timing, definitions) and the shape of their
-arrivals.
+Why: run one after the other (``benchmarks/compare_vllm_bench.py``, the sequential paired runs
+this script replaced; its page ``benchmarks/results/vllm_bench_compare.md`` stays), the CPU
+server's own speed moved by up to 20 % between two back-to-back runs on a 2-core machine (its own
+histograms say so), so a 5 % agreement between tools cannot be read from sequential runs. Here
+both tools drive the server at once, each with N streams in flight: their requests share the
+engine's steps, so whatever the server does, it does to both. What is left between the two
+tools' figures is the tools (client, timing, definitions) and the shape of their arrivals.
 
 Each round: the plugin's decode cell starts (its own protocol: N streams restarted at once,
 `run_decode` without its idle wait and /metrics reads, since the server is busy with the
@@ -25,8 +25,16 @@ each tool's own requests:
 vllm's own reported figures (`median_ttft_ms`, `median_tpot_ms`, `output_throughput`, over
 its whole run, every moment of which the plugin was also running) are shown beside them.
 
-    python benchmarks/side_by_side_vllm_bench.py            # c = 1 and 8, 5 rounds each
-    python benchmarks/side_by_side_vllm_bench.py --workload same-text
+Cold prefill (before the rounds; ``--prefill-cells 0`` leaves it out), kept from the sequential
+comparison: a prefill cell is one request on a cold cache, so here the tools take turns, each on
+a quiet machine. The plugin's figure is the median of ``--prefill-cells`` prefill cells, each in
+a fresh run (a new prefix); vllm's is ``median_ttft_ms`` of ``--random-prefix-len 0
+--random-input-len C --random-output-len 1 --max-concurrency 1`` (every prompt new). A
+measurement during which other processes used more than ``--max-other`` cores is made again
+(``--retries``).
+
+    python -m benchmarks.side_by_side_vllm_bench            # c = 1 and 8, 5 rounds each
+    python -m benchmarks.side_by_side_vllm_bench --workload same-text
 
 Workloads (``--workload``): ``random`` — each tool its own prompts: the plugin's token ids
 (shared prefix + 32 unique ids), vllm's random dataset (a shared prefix of C − 32 random ids and
@@ -36,13 +44,13 @@ suffixes, sized with the server's /tokenize), and vllm sends more prompts of the
 P(C), other suffixes) from a JSONL file, its custom dataset without a chat template. Then the
 server does the same work for a request of either tool, and only the clients and the arrival
 pattern differ.
+
+Needs ``python scripts/setup_vllm.py`` to have run.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import importlib.util
 import json
 import os
 import platform
@@ -57,18 +65,31 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location(
-    "compare_vllm_bench", ROOT / "benchmarks" / "compare_vllm_bench.py"
+from benchmarks.common import (
+    RESULTS,
+    ROOT,
+    OtherCores,
+    RunningVllm,
+    VllmBenchError,
+    command,
+    fmt,
+    fmt_pct,
+    ratio,
+    row,
+    running_vllm,
+    table,
+    utc_now,
+    vllm_bench,
+    vllm_python,
+    vllm_versions,
+    wait_quiet,
+    write_page,
 )
-assert _spec is not None and _spec.loader is not None
-cmp = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = cmp
-_spec.loader.exec_module(cmp)
-
-from pytest_llmspeed.core.bench import Bench, BenchConfig  # noqa: E402
-from pytest_llmspeed.core.protocol import request_fields, run_decode  # noqa: E402
-from tests.vllm_server import _Servers, vllm_home  # noqa: E402
+from pytest_llmspeed.core.bench import Bench, BenchConfig
+from pytest_llmspeed.core.prompts import SUFFIX_TOKENS as SUFFIX
+from pytest_llmspeed.core.protocol import request_fields, run_decode
+from pytest_llmspeed.core.stats import RequestTrace
+from tests.vllm_server import VllmServer
 
 FIGURES = ("ttft_ms", "tbt_ms", "tok_s")
 #: two requests sent within this many seconds of each other share their first engine steps
@@ -78,6 +99,46 @@ LABELS = {
     "tbt_ms": "time between tokens, ms",
     "tok_s": "output tok/s",
 }
+
+
+def vllm_traces(result: dict[str, Any]) -> list[RequestTrace]:
+    """vllm's requests (its ``--save-detailed`` fields) as the plugin's statistics take them:
+    one token per chunk, as vllm's own ITL assumes, the last chunk carrying the rest."""
+    traces = []
+    for start, ttft, itl, latency, n_out in zip(
+        result["start_times"],
+        result["ttfts"],
+        result["itls"],
+        result["latencies"],
+        result["output_lens"],
+        strict=True,
+    ):
+        times = list(start + ttft + np.concatenate(([0.0], np.cumsum(itl))))
+        counts = [1] * len(times)
+        if n_out != len(times):
+            counts[-1] += n_out - len(times)
+        traces.append(RequestTrace(start, start + latency, times, counts, finished=True))
+    return traces
+
+
+def vllm_window(traces: list[RequestTrace], n: int) -> tuple[float, float]:
+    """The plugin's window over vllm's run: it opens when the first N requests all have their
+    first token and closes when fewer than N are in flight for good (the first request to end
+    after the last one was sent)."""
+    by_start = sorted(traces, key=lambda t: t.t_send)
+    w0 = max(t.token_times[0] for t in by_start[:n])
+    last_send = by_start[-1].t_send
+    w1 = min(t.t_end for t in by_start if t.t_end > last_send)
+    return w0, w1
+
+
+def co_sent(sends: list[float], within_s: float = COMPANY_S) -> float:
+    """Mean number of requests sent within ``within_s`` of each request (itself included):
+    how bunched the restarts are, which sets how many prefills share a step."""
+    t = np.sort(np.asarray(sends))
+    lo = np.searchsorted(t, t - within_s, side="left")
+    hi = np.searchsorted(t, t + within_s, side="right")
+    return float(np.mean(hi - lo))
 
 
 def span_figures(
@@ -106,7 +167,7 @@ def span_figures(
 
 def one_round(
     bench: Bench,
-    server: Any,
+    server: VllmServer,
     work: Path,
     name: str,
     n: int,
@@ -129,13 +190,13 @@ def one_round(
         time.sleep(delay_s)
         got["launched"] = time.perf_counter()
         try:
-            got["vb"], got["cmd"] = cmp.vllm_bench(
-                server, work, name, prefix_len=context - cmp.SUFFIX, input_len=cmp.SUFFIX,
+            got["vb"], got["cmd"] = vllm_bench(
+                server, work, name, prefix_len=context - SUFFIX, input_len=SUFFIX,
                 output_len=output_len, concurrency=n, prompts=prompts, seed=seed,
                 extra_body=extra, dataset=dataset, trust_env=trust_env,
             )  # fmt: skip
-        except SystemExit as exc:  # vllm_bench exits with its log's tail
-            got["error"] = str(exc)
+        except VllmBenchError as exc:  # raised again in this thread, below
+            got["error"] = exc
 
     thread = threading.Thread(target=vllm, daemon=True)
     thread.start()
@@ -147,12 +208,12 @@ def one_round(
     res = bench.run(cell)
     thread.join()
     if "error" in got:
-        sys.exit(got["error"])
+        raise got["error"]
     if res.aborted:
         sys.exit(f"plugin decode c={n} aborted: {res.aborted}")
     vb = got["vb"]
-    traces, _ = cmp.vllm_traces(vb)
-    vw0, vw1 = cmp.vllm_window(traces, n)
+    traces = vllm_traces(vb)
+    vw0, vw1 = vllm_window(traces, n)
     pw0, pw1 = res.window
     s0, s1 = max(vw0, pw0), min(vw1, pw1)
     v_start = min(vb["start_times"])
@@ -184,8 +245,8 @@ def one_round(
         "tok_s": vb["output_throughput"],
     }
     row["co_sent"] = {
-        "plugin": cmp.co_sent([r[0] for r in plugin_reqs]),
-        "vllm": cmp.co_sent([r[0] for r in vllm_reqs]),
+        "plugin": co_sent([r[0] for r in plugin_reqs]),
+        "vllm": co_sent([r[0] for r in vllm_reqs]),
     }
     row["requests"] = arrivals(plugin_reqs, vllm_reqs, s0, s1)
     if wire is not None:
@@ -219,7 +280,7 @@ def ensure_pandas() -> None:
     """vllm's custom dataset reads its JSONL with pandas, an optional dependency of vLLM's
     benchmarks that ``scripts/setup_vllm.py`` does not install (the tests do not need it):
     install it into vLLM's own environment the first time ``--workload same-text`` runs."""
-    python = str(vllm_home() / "venv" / "bin" / "python")
+    python = str(vllm_python())
     if subprocess.run([python, "-c", "import pandas"], capture_output=True).returncode == 0:
         return
     print("[side-by-side] installing pandas into vLLM's environment (its custom dataset needs it)")
@@ -250,18 +311,18 @@ def arrivals(
 
 
 class Wire:
-    """benchmarks/wire_sniffer.py in a child process (needs root), its events kept in order."""
+    """``benchmarks.wire_sniffer`` in a child process (needs root), its events kept in order."""
 
     def __init__(self, port: int) -> None:
         self.events: list[dict[str, Any]] = []
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "benchmarks" / "wire_sniffer.py"), "--port", str(port)],
-            stdout=subprocess.PIPE, text=True,
+            [sys.executable, "-m", "benchmarks.wire_sniffer", "--port", str(port)],
+            stdout=subprocess.PIPE, text=True, cwd=ROOT,
         )  # fmt: skip
         assert self.proc.stdout is not None
         first = self.proc.stdout.readline()
         if '"ready"' not in first:
-            sys.exit("wire_sniffer.py did not start (it needs root for an AF_PACKET socket)")
+            sys.exit("wire_sniffer did not start (it needs root for an AF_PACKET socket)")
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -307,16 +368,20 @@ def wire_rows(rows: dict[int, list[dict[str, Any]]]) -> tuple[list[str], list[st
             watch = ratio(pt / pw, vt / vw)
             watches.append(watch)
             out.append(
-                f"| {r['name']} | {len(w['plugin'])} / {len(w['vllm'])} | {pw:.1f} | {vw:.1f} | "
-                f"{cmp.fmt_pct(ratio(pw, vw))} | {pt - pw:+.1f} | {vt - vw:+.1f} | "
-                f"{cmp.fmt_pct(ratio(pt, vt))} | {cmp.fmt_pct(watch)} |"
-            )
+                row(
+                    r["name"], f"{len(w['plugin'])} / {len(w['vllm'])}", f"{pw:.1f}",
+                    f"{vw:.1f}", fmt_pct(ratio(pw, vw)), f"{pt - pw:+.1f}", f"{vt - vw:+.1f}",
+                    fmt_pct(ratio(pt, vt)), fmt_pct(watch),
+                )
+            )  # fmt: skip
         if watches:
             med = float(np.median([x for x in watches if x is not None]))
             summary.append(
-                f"| {n} | {np.median(shares['plugin']):+.2f} | {np.median(shares['vllm']):+.2f} "
-                f"| {cmp.fmt_pct(med)} | {'yes' if abs(med) <= 5 else 'no'} |"
-            )
+                row(
+                    n, f"{np.median(shares['plugin']):+.2f}", f"{np.median(shares['vllm']):+.2f}",
+                    fmt_pct(med), "yes" if abs(med) <= 5 else "no",
+                )
+            )  # fmt: skip
     return out, summary
 
 
@@ -340,15 +405,9 @@ def company_rows(rows: dict[int, list[dict[str, Any]]]) -> list[str]:
                 continue
             pm, vm = float(np.median(p)), float(np.median(v))
             out.append(
-                f"| {n} | {label} | {len(p)} | {pm:.1f} | {len(v)} | {vm:.1f} | "
-                f"{cmp.fmt_pct(ratio(pm, vm))} |"
+                row(n, label, len(p), f"{pm:.1f}", len(v), f"{vm:.1f}", fmt_pct(ratio(pm, vm)))
             )
     return out
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    """a ÷ b − 1 in percent."""
-    return None if a is None or b is None or b == 0 else (a / b - 1) * 100
 
 
 def ratio_rows(rows: dict[int, list[dict[str, Any]]], other: str, verdict: bool) -> list[str]:
@@ -360,11 +419,45 @@ def ratio_rows(rows: dict[int, list[dict[str, Any]]], other: str, verdict: bool)
             rr = [ratio(r["plugin"][f], r[other][f]) for r in rs if "plugin" in r]
             rr = [x for x in rr if x is not None]
             med = float(np.median(rr)) if rr else None
-            cells = [str(n), LABELS[f], ", ".join(map(cmp.fmt_pct, rr)), cmp.fmt_pct(med)]
+            cells = [str(n), LABELS[f], ", ".join(map(fmt_pct, rr)), fmt_pct(med)]
             if verdict:
                 cells.append("—" if med is None else ("yes" if abs(med) <= 5 else "no"))
-            out.append("| " + " | ".join(cells) + " |")
+            out.append(row(*cells))
     return out
+
+
+def prefill_lines(meta: dict[str, Any], pre: dict[str, Any]) -> list[str]:
+    """The cold-prefill section: each tool's median and their ratio, every figure after."""
+    diff = ratio(pre["plugin_ms"], pre["vllm_ms"])
+    within = "—" if diff is None else ("yes" if abs(diff) <= 5 else "no")
+    c = pre["context"]
+    return [
+        "",
+        "## Cold prefill (the tools in turn, on a quiet machine)",
+        "",
+        f"Plugin: {pre['cells']} prefill cells, each in a fresh run (a new prefix, so a cold "
+        f"cache; `max_tokens` {min(meta['max_output'], 16)}). vllm: `--random-prefix-len 0 "
+        f"--random-input-len {c} --random-output-len 1 --max-concurrency 1 --num-prompts "
+        f"{pre['prompts']}`, every prompt new. Each measurement started after other processes "
+        f"had used < {pre['max_other']:g} cores for 3 s ({pre['waited_s']:.0f} s waited in "
+        f"all); {pre['disturbed']} disturbed measurements were made again.",
+        "",
+        *table(
+            [
+                "C",
+                f"plugin: median of {pre['cells']} prefill cells, ms",
+                "vllm: median_ttft_ms, ms",
+                "plugin ÷ vllm − 1",
+                "within 5 %",
+            ],
+            [[c, fmt(pre["plugin_ms"]), fmt(pre["vllm_ms"]), fmt_pct(diff), within]],
+            "lrrrl",
+        ),
+        "",
+        f"Plugin cells, ms: {', '.join(fmt(x) for x in pre['plugin_all_ms'])}. vllm's TTFTs "
+        f"in order, ms (#0 was also sent before its run as vllm's ready check): "
+        f"{', '.join(fmt(x) for x in pre['vllm_all_ms'])}.",
+    ]
 
 
 def render(meta: dict[str, Any], rows: dict[int, list[dict[str, Any]]]) -> list[str]:
@@ -401,16 +494,23 @@ def render(meta: dict[str, Any], rows: dict[int, list[dict[str, Any]]]) -> list[
         "",
         "## Agreement (median over rounds of plugin ÷ vllm − 1, same definitions, same span)",
         "",
-        "| N | figure | each round | median | within 5 % |",
-        "| --- | --- | --- | ---: | --- |",
+        *table(["N", "figure", "each round", "median", "within 5 %"], [], "lllrl"),
     ]
     out += ratio_rows(rows, "vllm", verdict=True)
     out += [
         "",
         "## Against vllm's own report (its whole run, all of it beside the plugin)",
         "",
-        "| N | figure | plugin over the span ÷ vllm's reported figure − 1, each round | median |",
-        "| --- | --- | --- | ---: |",
+        *table(
+            [
+                "N",
+                "figure",
+                "plugin over the span ÷ vllm's reported figure − 1, each round",
+                "median",
+            ],
+            [],
+            "lllr",
+        ),
     ]
     out += ratio_rows(rows, "vllm_own", verdict=False)
     wired, wire_summary = wire_rows(rows)
@@ -429,15 +529,34 @@ def render(meta: dict[str, Any], rows: dict[int, list[dict[str, Any]]]) -> list[
             "*Stopwatches*: (plugin TTFT ÷ its wire TTFT) ÷ (vllm TTFT ÷ its wire TTFT) − 1, "
             "how far the two tools' TTFT clocks differ on requests the server treated alike.",
             "",
-            "| N | plugin client share, ms (median of rounds) | vllm client share, ms | "
-            "stopwatches, median of rounds | within 5 % |",
-            "| --- | ---: | ---: | ---: | --- |",
+            *table(
+                [
+                    "N",
+                    "plugin client share, ms (median of rounds)",
+                    "vllm client share, ms",
+                    "stopwatches, median of rounds",
+                    "within 5 %",
+                ],
+                [],
+                "lrrrl",
+            ),
             *wire_summary,
             "",
-            "| round | requests on the wire, plugin / vllm | plugin wire TTFT, ms | vllm wire "
-            "TTFT, ms | wire: plugin ÷ vllm − 1 | plugin client share, ms | vllm client "
-            "share, ms | tools: plugin ÷ vllm − 1 | stopwatches |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            *table(
+                [
+                    "round",
+                    "requests on the wire, plugin / vllm",
+                    "plugin wire TTFT, ms",
+                    "vllm wire TTFT, ms",
+                    "wire: plugin ÷ vllm − 1",
+                    "plugin client share, ms",
+                    "vllm client share, ms",
+                    "tools: plugin ÷ vllm − 1",
+                    "stopwatches",
+                ],
+                [],
+                "llrrrrrrr",
+            ),
             *wired,
         ]
     out += [
@@ -449,38 +568,61 @@ def render(meta: dict[str, Any], rows: dict[int, list[dict[str, Any]]]) -> list[
         "of it, so how many new prompts shared its first steps: requests in the same company "
         "met the same server work, whichever tool sent them.",
         "",
-        "| N | company | plugin requests | plugin median TTFT, ms | vllm requests | "
-        "vllm median TTFT, ms | plugin ÷ vllm − 1 |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        *table(
+            [
+                "N",
+                "company",
+                "plugin requests",
+                "plugin median TTFT, ms",
+                "vllm requests",
+                "vllm median TTFT, ms",
+                "plugin ÷ vllm − 1",
+            ],
+            [],
+            "llrrrrr",
+        ),
     ]
     out += company_rows(rows)
+    if meta.get("prefill"):
+        out += prefill_lines(meta, meta["prefill"])
     out += [
         "",
         "## Every round",
         "",
-        "| round | span s | vllm run s | inside plugin's window | plugin TTFT / TBT / tok/s | "
-        "vllm (same definitions) | vllm's own report | requests sent with all N − 1 others, "
-        "plugin / vllm |",
-        "| --- | ---: | ---: | --- | --- | --- | --- | --- |",
+        *table(
+            [
+                "round",
+                "span s",
+                "vllm run s",
+                "inside plugin's window",
+                "plugin TTFT / TBT / tok/s",
+                "vllm (same definitions)",
+                "vllm's own report",
+                "requests sent with all N − 1 others, plugin / vllm",
+            ],
+            [],
+            "lrrlllll",
+        ),
     ]
+
+    def trio(d: dict[str, Any]) -> str:
+        return f"{fmt(d['ttft_ms'])} / {fmt(d['tbt_ms'], 3)} / {fmt(d['tok_s'])}"
+
     for rs in rows.values():
         for r in rs:
+            first = [r["name"], f"{r['span_s']:.1f}", f"{r['vllm_run_s']:.1f}"]
             if "plugin" not in r:
-                out.append(f"| {r['name']} | {r['span_s']:.1f} | {r['vllm_run_s']:.1f} | "
-                           f"{r['vllm_inside_plugin']} | span too short | | | |")  # fmt: skip
+                out.append(row(*first, r["vllm_inside_plugin"], "span too short", "", "", ""))
                 continue
-
-            def trio(d: dict[str, Any]) -> str:
-                f = cmp.fmt
-                return f"{f(d['ttft_ms'])} / {f(d['tbt_ms'], 3)} / {f(d['tok_s'])}"
-
             out.append(
-                f"| {r['name']} | {r['span_s']:.1f} | {r['vllm_run_s']:.1f} | "
-                f"{r['vllm_inside_plugin']} | {trio(r['plugin'])} | {trio(r['vllm'])} | "
-                f"{trio(r['vllm_own'])} | {r['co_sent']['plugin']:.2f} / "
-                f"{r['co_sent']['vllm']:.2f} |"
-            )
-    out += ["", "vllm command (last round):", "", "    " + shlex.join(meta["vllm_cmd"]), ""]
+                row(
+                    *first, r["vllm_inside_plugin"], trio(r["plugin"]), trio(r["vllm"]),
+                    trio(r["vllm_own"]),
+                    f"{r['co_sent']['plugin']:.2f} / {r['co_sent']['vllm']:.2f}",
+                )
+            )  # fmt: skip
+    last = "vllm command (last round):" if any(rows.values()) else "vllm command:"
+    out += ["", last, "", "    " + shlex.join(meta["vllm_cmd"]), ""]
     return out
 
 
@@ -488,7 +630,68 @@ def results_page(workload: str | None, trust_env: str | None) -> Path:
     """The default results page of a run with these options (older runs saved neither)."""
     suffix = "_same_text" if workload == "same-text" else ""
     suffix += "_no_trust_env" if trust_env == "off" else ""
-    return ROOT / f"benchmarks/results/vllm_bench_side_by_side{suffix}.md"
+    return RESULTS / f"vllm_bench_side_by_side{suffix}.md"
+
+
+def cold_prefill(
+    vllm: RunningVllm, cfg: BenchConfig, work: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The tools in turn on a cold cache at C (module docstring): vllm's run of new prompts
+    first (its ready check absorbs the server's first large request), then the plugin's
+    prefill cells, each in a fresh run."""
+    server, c = vllm.server, args.context
+    pids = vllm.pids()
+    waited, disturbed = 0.0, 0
+
+    def quiet() -> None:
+        nonlocal waited
+        waited += wait_quiet(args.quiet_wait, args.max_other, pids, tag="side-by-side")
+
+    for attempt in range(args.retries + 1):
+        quiet()
+        name = "prefill" + (f"-a{attempt + 1}" if attempt else "")
+        with OtherCores(pids) as load:
+            vb, cmd = vllm_bench(
+                server, work, name, prefix_len=0, input_len=c, output_len=1, concurrency=1,
+                prompts=args.prefill_prompts, seed=1000 + attempt,
+            )  # fmt: skip
+        if load.cores is not None and load.cores <= args.max_other:
+            break
+        disturbed += 1
+    plugin: list[float] = []
+    for _ in range(args.prefill_cells):
+        for _attempt in range(args.retries + 1):
+            quiet()
+            bench = Bench(cfg)  # a fresh run: a new salt, so a new, uncached prefix
+            bench.start()
+            try:
+                with OtherCores(pids) as load:
+                    ttft = bench.prefill(c, min(args.max_output, 16)).ttft_ms
+            finally:
+                bench.close()
+            if load.cores is not None and load.cores <= args.max_other:
+                break
+            disturbed += 1
+        plugin.append(ttft)
+    pre = {
+        "context": c,
+        "prompts": args.prefill_prompts,
+        "cells": args.prefill_cells,
+        "plugin_ms": float(np.median(plugin)),
+        "plugin_all_ms": plugin,
+        "vllm_ms": vb["median_ttft_ms"],
+        "vllm_all_ms": [x * 1e3 for x in vb["ttfts"]],
+        "max_other": args.max_other,
+        "waited_s": waited,
+        "disturbed": disturbed,
+        "cmd": cmd,
+    }
+    print(
+        f"[side-by-side] cold prefill: plugin {pre['plugin_ms']:.1f} ms (cells "
+        f"{[round(x, 1) for x in plugin]}), vllm median {pre['vllm_ms']:.1f} ms",
+        flush=True,
+    )
+    return pre
 
 
 def main() -> None:
@@ -499,7 +702,29 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="rounds per N")
     ap.add_argument("--vllm-seconds", type=float, default=12.0, help="target vllm run length")
     ap.add_argument("--delay", type=float, default=2.0, help="s between the two tools' starts")
-    ap.add_argument("--server-nice", type=int, default=10, help="as compare_vllm_bench.py")
+    ap.add_argument(
+        "--server-nice", type=int, default=10,
+        help="autogroup nice of the server's session (0: leave it); see "
+        "common.set_server_priority",
+    )  # fmt: skip
+    ap.add_argument(
+        "--prefill-cells", type=int, default=5,
+        help="plugin prefill cells (fresh runs) of the cold-prefill comparison (0: none)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--prefill-prompts", type=int, default=9, help="vllm's prompts for the cold prefill"
+    )
+    ap.add_argument(
+        "--max-other", type=float, default=0.2,
+        help="cold prefill: cores other processes may use during a measurement before it is "
+        "made again",
+    )  # fmt: skip
+    ap.add_argument("--retries", type=int, default=2, help="cold prefill: remeasurements")
+    ap.add_argument(
+        "--quiet-wait", type=float, default=300.0,
+        help="cold prefill: wait at most this long (s) for a quiet machine before each "
+        "measurement",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="the results page (Markdown)")
     ap.add_argument("--work-dir", type=Path, default=None, help="keep logs and JSON here")
     ap.add_argument(
@@ -525,14 +750,71 @@ def main() -> None:
     if args.render is not None:
         saved = json.loads(args.render.read_text())
         rows_saved = {int(k): v for k, v in saved["rows"].items()}
-        md = render(saved["meta"], rows_saved)
         meta = saved["meta"]
         out = args.out or results_page(meta.get("workload"), meta.get("vllm_trust_env"))
-        out.write_text("\n".join(md))
-        print(f"[side-by-side] wrote {out}")
+        write_page(out, render(meta, rows_saved), "side-by-side")
         return
     if args.out is None:
         args.out = results_page(args.workload, args.vllm_trust_env)
+    try:
+        run(args)
+    except VllmBenchError as exc:
+        sys.exit(str(exc))
+
+
+def rounds(
+    args: argparse.Namespace,
+    server: VllmServer,
+    cfg: BenchConfig,
+    work: Path,
+    rows: dict[int, list[dict[str, Any]]],
+    wire: Wire | None,
+) -> list[str] | None:
+    """Every round of every N, into ``rows``; the last round's vllm command (None: no round)."""
+    c, m = args.context, args.max_output
+    ns = list(rows)
+    bench = Bench(cfg)
+    bench.start()
+    bench.prefill(c, 16)  # warms the plugin's shared prefix P(C)
+    assert bench.dialect is not None
+    fields = request_fields(server.model, m, bench.dialect)
+    extra = {k: v for k, v in fields.items() if k in ("min_tokens", "stream_options")}
+    seed = 2000
+    cmd = None
+    # vllm's run length per prompt, learnt from each round, sizes the next one
+    per_prompt_s: dict[int, float] = {}
+    startup_s = 20.0  # vllm's CLI imports torch before its first request; learnt below
+    for rnd in range(args.rounds):
+        for n in ns if rnd % 2 == 0 else ns[::-1]:
+            seed += 1
+            guess = per_prompt_s.get(n, 1.0 if n == 1 else 0.3)
+            prompts = max(2 * n, round(args.vllm_seconds / guess))
+            prompts = (prompts + n - 1) // n * n
+            # the plugin's window must outlast vllm's run: vllm starts `delay` s in, takes
+            # `startup_s` to import, then sends one readiness request and its prompts
+            plugin_s = args.delay + startup_s + 1.5 * prompts * guess + 4.0
+            name = f"c{n}-r{rnd + 1}"
+            dataset = None
+            if args.workload == "same-text":
+                # + 1: vllm sends its first prompt once more as a readiness check
+                dataset = work / f"{name}.jsonl"
+                text_dataset(bench, dataset, c, seed * 1000, prompts + 1)
+            result = one_round(
+                bench, server, work, name, n, context=c, output_len=m,
+                prompts=prompts, plugin_s=plugin_s, delay_s=args.delay, seed=seed,
+                extra=extra, dataset=dataset, trust_env=args.vllm_trust_env == "on",
+                wire=wire,
+            )  # fmt: skip
+            per_prompt_s[n] = result["vllm_run_s"] / prompts
+            startup_s = result["vllm_startup_s"] + 2.0
+            rows[n].append(result)
+            cmd = result["cmd"]
+    bench.close()
+    return cmd
+
+
+def run(args: argparse.Namespace) -> None:
+    """Start the server, measure, write the JSON and the results page."""
     ns = [int(x) for x in args.concurrency.split(",")]
     c, m = args.context, args.max_output
     if args.workload == "same-text":
@@ -541,80 +823,46 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     print(f"[side-by-side] logs and JSON under {work}", flush=True)
     t_start = time.monotonic()
-    servers = _Servers(work)
     rows: dict[int, list[dict[str, Any]]] = {n: [] for n in ns}
-    wire: Wire | None = None
-    try:
-        server = servers(stream_interval=1)
-        priority = cmp.set_server_priority(servers, args.server_nice)
+    prefill = None
+    with running_vllm(work, nice=args.server_nice) as vllm:
+        server = vllm.server
         cfg = BenchConfig(
             base_url=server.url, api_key=None, model=server.model, api="completions",
             max_output=m, duration=1.0, timeout=300.0, kv_capacity=None,
             text_prompts=args.workload == "same-text",
         )  # fmt: skip
+        if args.prefill_cells > 0:
+            prefill = cold_prefill(vllm, cfg, work, args)
+        vllm_cmd = prefill["cmd"] if prefill else []
         wire = Wire(int(server.url.rsplit(":", 1)[1])) if args.wire else None
-        bench = Bench(cfg)
-        bench.start()
-        bench.prefill(c, 16)  # warms the plugin's shared prefix P(C)
-        assert bench.dialect is not None
-        fields = request_fields(server.model, m, bench.dialect)
-        extra = {k: v for k, v in fields.items() if k in ("min_tokens", "stream_options")}
-        seed = 2000
-        # vllm's run length per prompt, learnt from each round, sizes the next one
-        per_prompt_s: dict[int, float] = {}
-        startup_s = 20.0  # vllm's CLI imports torch before its first request; learnt below
-        for rnd in range(args.rounds):
-            for n in ns if rnd % 2 == 0 else ns[::-1]:
-                seed += 1
-                guess = per_prompt_s.get(n, 1.0 if n == 1 else 0.3)
-                prompts = max(2 * n, round(args.vllm_seconds / guess))
-                prompts = (prompts + n - 1) // n * n
-                # the plugin's window must outlast vllm's run: vllm starts `delay` s in, takes
-                # `startup_s` to import, then sends one readiness request and its prompts
-                plugin_s = args.delay + startup_s + 1.5 * prompts * guess + 4.0
-                name = f"c{n}-r{rnd + 1}"
-                dataset = None
-                if args.workload == "same-text":
-                    # + 1: vllm sends its first prompt once more as a readiness check
-                    dataset = work / f"{name}.jsonl"
-                    text_dataset(bench, dataset, c, seed * 1000, prompts + 1)
-                row = one_round(
-                    bench, server, work, name, n, context=c, output_len=m,
-                    prompts=prompts, plugin_s=plugin_s, delay_s=args.delay, seed=seed,
-                    extra=extra, dataset=dataset, trust_env=args.vllm_trust_env == "on",
-                    wire=wire,
-                )  # fmt: skip
-                per_prompt_s[n] = row["vllm_run_s"] / prompts
-                startup_s = row["vllm_startup_s"] + 2.0
-                rows[n].append(row)
-        bench.close()
-    finally:
-        if wire is not None:
-            wire.stop()
-        servers.stop_all()
-    versions = json.loads((vllm_home() / "setup.json").read_text())["versions"]
+        try:
+            vllm_cmd = rounds(args, server, cfg, work, rows, wire) or vllm_cmd
+        finally:
+            if wire is not None:
+                wire.stop()
     meta = {
-        "cmd": "python "
-        + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, ROOT), *sys.argv[1:]]),
+        "cmd": command("benchmarks.side_by_side_vllm_bench"),
         "elapsed_s": time.monotonic() - t_start,
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": utc_now(),
         "cpus": os.cpu_count(),
         "machine": platform.machine(),
-        "versions": versions,
-        "priority": priority,
+        "versions": vllm_versions(),
+        "priority": vllm.priority,
         "context": c,
         "max_output": m,
         "workload": args.workload,
         "vllm_trust_env": args.vllm_trust_env,
-        "vllm_cmd": rows[ns[-1]][-1]["cmd"],
+        "vllm_cmd": vllm_cmd,
+        "prefill": prefill,
     }
     (work / "side_by_side.json").write_text(
         json.dumps({"meta": meta, "rows": rows}, indent=1, default=str)
     )
     md = render(meta, rows)
     print("\n".join(md))
-    args.out.write_text("\n".join(md))
-    print(f"[side-by-side] wrote {args.out} ({meta['elapsed_s'] / 60:.1f} min)")
+    write_page(args.out, md, "side-by-side")
+    print(f"[side-by-side] {meta['elapsed_s'] / 60:.1f} min")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ aiohttp client: N concurrent streaming ``/v1/completions`` requests (token-id pr
 Tokens are counted from the rise of ``usage.completion_tokens`` in every chunk. The simulator
 runs at a very high ``--speed`` so that its own CPU, not the simulated GPU, is the limit.
 
-Usage: ``python benchmarks/sim_throughput.py [--streams 128] [--seconds 10] [--speed 1000]``
+Usage: ``python -m benchmarks.sim_throughput [--streams 128] [--seconds 10] [--speed 1000]``
 """
 
 from __future__ import annotations
@@ -20,17 +20,13 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common import cpu_seconds
+from pytest_llmspeed.sim import SimOptions, cli_args
+
 MARK = b'"completion_tokens":'
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _stream_forever(
@@ -109,26 +105,13 @@ def main() -> None:
     args = parser.parse_args()
 
     pin = shutil.which("taskset") is not None and (os.cpu_count() or 1) >= 2
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest_llmspeed.sim",
-        "--profile",
-        "tiny",
-        "--port",
-        "0",
-        "--speed",
-        str(args.speed),
-        "--stream-interval",
-        str(args.stream_interval),
-    ]
+    # not running_simulator_process: this needs the child's pid (its CPU time) and its core
+    options = SimOptions(profile="tiny", speed=args.speed, stream_interval=args.stream_interval)
+    cmd = [sys.executable, "-m", "pytest_llmspeed.sim", *cli_args(options)]
     if pin:
         cmd = ["taskset", "-c", "0", *cmd]
         os.sched_setaffinity(0, {1})
-    env = dict(
-        os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")
-    )
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -136,10 +119,13 @@ def main() -> None:
         if not match:
             raise SystemExit(f"simulator did not start: {line!r}")
         base = match.group(0)
-        cpu0 = _cpu_seconds(proc.pid)
+        cpu0 = cpu_seconds(proc.pid)
         wall0 = time.perf_counter()
         tokens, elapsed = asyncio.run(drive(base, args.streams, args.seconds, args.max_tokens))
-        cpu = (_cpu_seconds(proc.pid) - cpu0) / (time.perf_counter() - wall0)
+        cpu1 = cpu_seconds(proc.pid)
+        if cpu0 is None or cpu1 is None:
+            raise SystemExit("the simulator exited during the run")
+        cpu = (cpu1 - cpu0) / (time.perf_counter() - wall0)
     finally:
         proc.terminate()
         proc.wait(timeout=10)

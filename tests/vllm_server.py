@@ -13,6 +13,13 @@ group is killed at the end of the session. The server runs from the virtualenv a
 random-weight model that ``scripts/setup_vllm.py`` writes under ``$LLMSPEED_VLLM_HOME`` (default
 ``~/.cache/pytest-llmspeed/vllm``); nothing is downloaded. When that setup is missing, the fixture
 fails the test (it never skips): CI must notice a missing vLLM.
+
+Benchmarks start servers with the same class, outside pytest (``benchmarks/common.py``)::
+
+    servers = Servers(log_dir)
+    server = servers.start(stream_interval=1)   # raises StartError instead of failing a test
+    ...
+    servers.stop_all()
 """
 
 from __future__ import annotations
@@ -34,6 +41,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+__all__ = [
+    "KV_CACHE_MEMORY_BYTES",
+    "MAX_MODEL_LEN",
+    "NOT_SET_UP",
+    "SERVED_MODEL",
+    "START_TIMEOUT_S",
+    "Servers",
+    "StartError",
+    "VllmServer",
+    "installation",
+    "offline_env",
+    "vllm_home",
+    "vllm_server",
+]
 
 SERVED_MODEL = "tiny"
 MAX_MODEL_LEN = 20480
@@ -63,11 +85,12 @@ class VllmServer:
 
 
 def vllm_home() -> Path:
+    """Where ``scripts/setup_vllm.py`` puts vLLM's environment and the model."""
     raw = os.environ.get("LLMSPEED_VLLM_HOME") or "~/.cache/pytest-llmspeed/vllm"
     return Path(raw).expanduser().resolve()
 
 
-def _installation(home: Path) -> tuple[Path, Path] | None:
+def installation(home: Path) -> tuple[Path, Path] | None:
     """(venv python, model dir) when scripts/setup_vllm.py has finished, else None."""
     python = home / "venv" / "bin" / "python"
     model = home / "model"
@@ -130,7 +153,7 @@ sys.exit(server.returncode)
 
 
 def _kill_group(proc: subprocess.Popen[bytes], grace_s: float = 20.0) -> None:
-    """Stop a server started by _Servers: SIGTERM to its group, then SIGKILL what is left."""
+    """Stop a server started by Servers: SIGTERM to its group, then SIGKILL what is left."""
     pgid = proc.pid  # start_new_session=True: the watchdog leads its own group
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
@@ -163,8 +186,11 @@ def offline_env(base: dict[str, str]) -> dict[str, str]:
     return env
 
 
-class _Servers:
-    """Starts servers on demand, one per argument set, and stops them all at the end."""
+class Servers:
+    """Starts servers on demand, one per argument set, and stops them all at the end.
+
+    Called (the fixture's factory), it keeps one server per argument set and fails the test
+    when a server cannot start; ``start`` starts one more server and raises ``StartError``."""
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
@@ -176,6 +202,7 @@ class _Servers:
         self.running: dict[tuple[int, str | None], VllmServer] = {}
         self.failed: dict[tuple[int, str | None], str] = {}
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.groups: dict[str, int] = {}  # a server's URL -> its process group
         atexit.register(self.stop_all)
 
     def __call__(self, stream_interval: int = 1, *, api_key: str | None = None) -> VllmServer:
@@ -186,16 +213,30 @@ class _Servers:
             return self.running[key]
         if key in self.failed:
             pytest.fail(self.failed[key], pytrace=False)
-        found = _installation(self.home)
-        if found is None:
+        if installation(self.home) is None:
             pytest.fail(NOT_SET_UP, pytrace=False)
         try:
-            server = self._start(found[0], found[1], stream_interval, api_key)
-        except _StartError as exc:
+            server = self.start(stream_interval, api_key=api_key)
+        except StartError as exc:
             self.failed[key] = str(exc)
             pytest.fail(str(exc), pytrace=False)
         self.running[key] = server
         return server
+
+    def start(self, stream_interval: int = 1, *, api_key: str | None = None) -> VllmServer:
+        """Start one more server and wait until it is healthy; ``StartError`` (with the log's
+        last lines) when vLLM is not set up, exits or does not become healthy in time."""
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
+        found = installation(self.home)
+        if found is None:
+            raise StartError(NOT_SET_UP)
+        return self._start(found[0], found[1], stream_interval, api_key)
+
+    def process_group(self, server: VllmServer) -> int:
+        """The id of ``server``'s process group (its watchdog leads it; every process of the
+        server is in it)."""
+        return self.groups[server.url]
 
     def _start(
         self, python: Path, model_dir: Path, stream_interval: int, api_key: str | None
@@ -237,11 +278,12 @@ class _Servers:
                 start_new_session=True,  # own process group: the engine core dies with it
             )
         self.procs.append(proc)
+        self.groups[url] = proc.pid  # start_new_session=True: the watchdog leads the group
         deadline = t0 + START_TIMEOUT_S
         while True:
             code = proc.poll()
             if code is not None:
-                raise _StartError(
+                raise StartError(
                     f"vLLM server exited with code {code} before it was healthy; "
                     f"log {log_path}, last lines:\n{_tail(log_path)}"
                 )
@@ -253,7 +295,7 @@ class _Servers:
                 pass
             if time.monotonic() > deadline:
                 _kill_group(proc)
-                raise _StartError(
+                raise StartError(
                     f"vLLM server not healthy after {START_TIMEOUT_S:.0f} s; "
                     f"log {log_path}, last lines:\n{_tail(log_path)}"
                 )
@@ -269,7 +311,7 @@ class _Servers:
             kv_tokens = int(match.group(1))
         except (OSError, ValueError, KeyError, IndexError) as exc:
             _kill_group(proc)
-            raise _StartError(
+            raise StartError(
                 f"vLLM server at {url} is healthy but could not be probed: {exc}; log {log_path}"
             ) from exc
         return VllmServer(
@@ -288,10 +330,11 @@ class _Servers:
         while self.procs:
             _kill_group(self.procs.pop())
         self.running.clear()
+        self.groups.clear()
 
 
-class _StartError(Exception):
-    pass
+class StartError(Exception):
+    """A server did not start: vLLM is not set up, exited, or was not healthy in time."""
 
 
 @pytest.fixture(scope="session")
@@ -300,7 +343,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
 
     One server per distinct argument set, started on first use and kept for the session.
     """
-    servers = _Servers(tmp_path_factory.mktemp("vllm"))
+    servers = Servers(tmp_path_factory.mktemp("vllm"))
     try:
         yield servers
     finally:

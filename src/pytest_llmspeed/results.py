@@ -427,7 +427,11 @@ class CellRecord:
 
     @property
     def measured(self) -> bool:
-        return self.status.measured
+        """The cell has figures (valid, or failed after it was measured; a cell failed by a
+        refused request has none)."""
+        return self.status.measured and (
+            self.total_tok_s is not None or self.prompt_tok_s is not None
+        )
 
     def __getitem__(self, key: str) -> Any:
         """``record["total_tok_s"]``: the v1 file's key, as 0.1's dict records were read (tests

@@ -24,7 +24,7 @@ from pytest_llmspeed.core.prompts import PromptFactory
 from pytest_llmspeed.core.protocol import negotiate, run_decode, run_prefill
 from pytest_llmspeed.sim import SimOptions, running_simulator_process
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,8 @@ import pytest
 
 from tests.plugin.test_plugin_sim import TINY, run_matrix
 
+pytestmark = pytest.mark.slow  # every test here runs a matrix on the simulator
+
 
 def _doc(pytester):
     return json.loads((pytester.path / "out.json").read_text())

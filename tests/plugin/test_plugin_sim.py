@@ -5,6 +5,8 @@ import json
 import pytest
 from junitparser import JUnitXml
 
+pytestmark = pytest.mark.slow  # every test here runs a matrix on the simulator
+
 TINY = "sim:tiny?speed=4"
 
 

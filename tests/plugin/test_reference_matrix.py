@@ -4,20 +4,11 @@ Issue 3's acceptance: 32 decode cells pass, 16 are skipped as over capacity, the
 are reported, and every figure agrees with the published H200 matrix x 10 within ±10 %.
 """
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location(
-    "reference_fit", ROOT / "benchmarks" / "reference_fit.py"
-)
-reference = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = reference  # dataclasses look their module up
-_spec.loader.exec_module(reference)
+from benchmarks import reference_fit as reference
 
 SPEED = 10
 LABEL = {"8K": "8K", "16K": "16K", "32K": "32K", "64K": "64K", "128K": "128K", "max": "251K"}

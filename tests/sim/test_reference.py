@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
-from pathlib import Path
 
 import aiohttp
 import pytest
 
+from benchmarks.reference_fit import report
 from pytest_llmspeed.sim import SimOptions, running_simulator
 from pytest_llmspeed.sim.profiles import get_profile
 
@@ -17,7 +15,6 @@ from .sse_client import stream
 from .test_server import metrics, value
 
 PROFILE = "h200-qwen3.5-27b-int4"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.asyncio
@@ -69,14 +66,7 @@ def test_over_capacity_cells_match_the_reference() -> None:
 
 def test_fit_within_ten_percent() -> None:
     """Every valid reference cell, predicted on a virtual clock (benchmarks/reference_fit.py)."""
-    spec = importlib.util.spec_from_file_location(
-        "reference_fit", ROOT / "benchmarks" / "reference_fit.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    text, worst = module.report(get_profile(PROFILE), 0)
+    text, worst = report(get_profile(PROFILE), 0)
     assert worst <= 0.10, text
     assert "Over-capacity cells: 16 (reference: 16)" in text
     assert "cells agreeing with the reference: 48 of 48" in text

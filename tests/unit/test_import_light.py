@@ -14,7 +14,6 @@ def test_core_gate_results_report_import_without_pytest():
         "import pytest_llmspeed.core.stats, pytest_llmspeed.core.matrix\n"
         "import pytest_llmspeed.gate.baseline, pytest_llmspeed.gate.verdict\n"
         "import pytest_llmspeed.report.terminal, pytest_llmspeed.report.markdown\n"
-        "import pytest_llmspeed.report.junit\n"
         "from pytest_llmspeed import load, CellId, CellRecord, ServerInfo\n"
         "print(sorted(m for m in sys.modules if m == 'pytest' or m.startswith('_pytest')))\n"
     )

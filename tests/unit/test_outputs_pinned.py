@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from pytest_llmspeed.gate import baseline as baseline_file
+from pytest_llmspeed.gate.verdict import account
 from pytest_llmspeed.report.markdown import summary
 from pytest_llmspeed.report.terminal import gate_lines, render
 from pytest_llmspeed.results import load
@@ -41,14 +42,23 @@ def test_terminal_matrix(results, width, verbose):
 
 
 def test_terminal_section_of_the_real_run(results):
-    """The run printed the wide matrix and the details (-v, COLUMNS=200) and the gate's lines."""
+    """The run printed the wide matrix and the details (-v, COLUMNS=200) and the gate's lines.
+
+    The gate's summary grew (every baseline cell accounted for, cells counted not figures); its
+    regression and no-floor lines are as 0.1.0 printed them."""
     printed = (DATA / "terminal.txt").read_text()
-    lines = render(list(results.cells), 200, True, list(results.run.notes))
-    gate = gate_lines(baseline_file.load(DATA / "baseline.toml"), list(results.cells))
-    for line in [*lines, *gate]:
-        line = line.replace(str(DATA / "baseline.toml"), "baseline.toml")
+    for line in render(list(results.cells), 200, True, list(results.run.notes)):
         for part in line.splitlines():
             assert part in printed, part
+    baseline = baseline_file.load(DATA / "baseline.toml")
+    selected = [str(c.id) for c in results.cells]
+    gate = gate_lines("baseline.toml", account(baseline, results.cells, selected))
+    old = [line for line in printed.splitlines() if line.startswith(("  REGRESSION", "  no floor"))]
+    assert [line for line in gate if line.startswith(("  REGRESSION", "  no floor"))] == old
+    assert gate[1] == "Baseline baseline.toml: 6 regression(s), 0 improvement(s) beyond tolerance"
+    assert gate[2] == (
+        "  6 baseline cell(s): 0 passed, 6 regressed, 0 not run, 0 deselected, 0 not gated"
+    )
 
 
 def test_markdown_step_summary(results):

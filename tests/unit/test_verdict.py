@@ -2,12 +2,13 @@
 so does their mean; a cell is measured again while its latest attempt misses and confirmations
 are left."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from pytest_llmspeed.gate.baseline import Baseline, CellBaseline
-from pytest_llmspeed.gate.verdict import gated, not_measured, verdict, wants_another
+from pytest_llmspeed.gate.verdict import account, gated, verdict, wants_another
 from pytest_llmspeed.results import CellId, CellRecord, Outcome, Status
 
 ID = "decode[8K-c4]"
@@ -80,12 +81,40 @@ def test_gated_record_fails_with_the_regressed_figures_and_keeps_the_attempts():
     assert record.gate is not None and record.gate.outcome is Outcome.REGRESSION
 
 
-def test_not_measured_names_the_status_of_cells_the_run_knows():
+def test_every_baseline_cell_is_accounted_for():
     baseline = Baseline(Path("b.toml"), {}, 0.05)
-    for cid in ("decode[8K-c4]", "decode[8K-c64]", "prefill[8K]"):
-        baseline.cells[cid] = CellBaseline(cid, {"total_tok_s": 1.0}, 0.05, 1)
+    ids = ("decode[8K-c4]", "decode[8K-c8]", "decode[8K-c64]", "prefill[8K]", "decode[16K-c1]")
+    for cid in ids:
+        baseline.cells[cid] = CellBaseline(cid, {"total_tok_s": 100.0}, 0.05, 1)
+    ok = cell(total=100.0)
+    bad = cell(total=50.0)
     cells = [
-        cell(total=100.0),
-        CellRecord(CellId.parse("decode[8K-c64]"), Status.OVER_CAPACITY, reason="Over"),
+        gated(ok, verdict(ENTRY, [ok]), [ok]),
+        dataclasses.replace(
+            gated(bad, verdict(ENTRY, [bad]), [bad]), id=CellId.parse("decode[8K-c8]")
+        ),
+        CellRecord(CellId.parse("decode[8K-c64]"), Status.OVER_CAPACITY, reason="Over: 64 × …"),
+        CellRecord(
+            CellId.parse("prefill[8K]"),
+            Status.VALID,
+            prompt_tok_s=1.0,
+            notes=("not gated: the baseline's prefill was the median of 3 cold requests",),
+        ),
     ]
-    assert not_measured(baseline, cells) == ["decode[8K-c64] (over capacity)", "prefill[8K]"]
+    acc = account(baseline, cells, selected={"decode[8K-c4]", "decode[8K-c8]", "decode[8K-c64]"})
+    assert acc.passed == ("decode[8K-c4]",)
+    assert acc.regressed == ("decode[8K-c8]",)
+    assert acc.not_run == (("decode[8K-c64]", "over capacity: Over: 64 × …"),)
+    assert acc.not_gated == (
+        ("prefill[8K]", "the baseline's prefill was the median of 3 cold requests"),
+    )
+    assert acc.deselected == ("decode[16K-c1]",)
+    counted = acc.passed + acc.regressed + acc.deselected
+    assert len(counted) + len(acc.not_run) + len(acc.not_gated) == acc.total == len(ids)
+
+
+def test_a_selected_cell_without_a_record_was_not_run():
+    baseline = Baseline(Path("b.toml"), {}, 0.05)
+    baseline.cells[ID] = ENTRY
+    acc = account(baseline, [], selected={ID})
+    assert acc.not_run == ((ID, "not run (the session stopped before it)"),) and not acc.deselected

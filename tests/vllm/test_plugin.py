@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 CONTEXTS = (1024, 4096, 16384)
 CONCURRENCY = (1, 4, 16)

@@ -14,7 +14,7 @@ import pytest
 
 from tests.vllm_server import MAX_MODEL_LEN, VllmServer
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 ServerFactory = Callable[..., VllmServer]
 

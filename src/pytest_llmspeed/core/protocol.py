@@ -247,7 +247,13 @@ async def run_decode(
                 body = (await factory.prompt(context, counter)).encode(fields)
             rec = StreamRecord()
             records.append(rec)
-            await stream_request(conn, dialect.path, body, rec, first_token(slot))
+            try:
+                await stream_request(conn, dialect.path, body, rec, first_token(slot))
+            except KeyRejected:
+                # the key stopped working: stop the cell now (not at the window's timeout)
+                aborted = aborted or "the server rejected the API key"
+                opened.set()
+                raise
             if rec.error:
                 consecutive_fail += 1
                 if consecutive_fail >= 4 * n + 8:

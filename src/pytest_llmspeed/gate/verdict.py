@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from ..results import CellRecord, Check, GateVerdict, Outcome, Status
 from .baseline import Baseline, CellBaseline
@@ -66,15 +67,87 @@ def gated(record: CellRecord, result: GateVerdict, attempts: Sequence[CellRecord
     return dataclasses.replace(record, **changes)  # type: ignore[arg-type]
 
 
-def not_measured(baseline: Baseline, cells: Iterable[CellRecord]) -> list[str]:
-    """Baseline cells without measured figures in this run, with the run's status where the
-    cell exists (``decode[32K-c64] (over capacity)``)."""
+@dataclass(frozen=True)
+class Accounting:
+    """Every baseline cell, in one of five places; the counts add up to the baseline's cells.
+
+    ``not_run`` are cells this run selected but could not measure (over capacity, does not fit,
+    refused, stopped): an upgrade that can no longer serve a cell has regressed. ``deselected``
+    are cells the user left out (``-m``, ``-k``, options): information."""
+
+    total: int
+    passed: tuple[str, ...]
+    regressed: tuple[str, ...]
+    not_gated: tuple[tuple[str, str], ...]  # (cell, why)
+    not_run: tuple[tuple[str, str], ...]  # (cell, why)
+    deselected: tuple[str, ...]
+    no_floor: tuple[str, ...]  # measured cells the baseline has no entry for
+    regressions: tuple[Check, ...]  # the regressed figures of the regressed cells
+    improvements: tuple[Check, ...]
+
+
+NOT_GATED = "not gated: "
+_NOT_RUN_WORDS = {
+    Status.OVER_CAPACITY: "over capacity",
+    Status.DOES_NOT_FIT: "does not fit",
+    Status.NOT_RUN: "not run",
+    Status.FAILED: "failed",
+    Status.ERROR: "error",
+}
+
+
+def _why_not_run(cell: CellRecord) -> str:
+    """``does not fit: 16K + 64 = 16,448 > max_model_len 8,192`` (the reason without the
+    status words it may start with)."""
+    word = _NOT_RUN_WORDS.get(cell.status, cell.status.value)
+    reason = cell.reason or ""
+    for prefix in (cell.status.value, word):
+        if reason.lower().startswith(prefix + ": "):
+            reason = reason[len(prefix) + 2 :]
+    return f"{word}: {reason}" if reason else word
+
+
+def account(baseline: Baseline, cells: Iterable[CellRecord], selected: Iterable[str]) -> Accounting:
+    """Where each baseline cell stands after a run. ``selected``: the ids of the cells the run
+    set out to measure (its test items after ``-m`` / ``-k``)."""
     by_id = {str(c.id): c for c in cells}
-    out = []
+    chosen = set(selected)
+    passed: list[str] = []
+    regressed: list[str] = []
+    not_gated: list[tuple[str, str]] = []
+    not_run: list[tuple[str, str]] = []
+    deselected: list[str] = []
+    regressions: list[Check] = []
+    improvements: list[Check] = []
     for cid in baseline.cells:
         cell = by_id.get(cid)
         if cell is None:
-            out.append(cid)
+            if cid in chosen:
+                not_run.append((cid, "not run (the session stopped before it)"))
+            else:
+                deselected.append(cid)
         elif not cell.measured:
-            out.append(f"{cid} ({cell.status.value})")
-    return out
+            not_run.append((cid, _why_not_run(cell)))
+        elif cell.gate is None or cell.gate.outcome is Outcome.NOT_MEASURED:
+            why = next((n for n in cell.notes if n.startswith(NOT_GATED)), NOT_GATED + "?")
+            not_gated.append((cid, why.removeprefix(NOT_GATED)))
+        elif cell.gate.outcome is Outcome.REGRESSION:
+            regressed.append(cid)
+            regressions.extend(cell.gate.regressions)
+        else:
+            passed.append(cid)
+            improvements.extend(cell.gate.improvements)
+    no_floor = tuple(
+        str(c.id) for c in by_id.values() if c.gate and c.gate.outcome is Outcome.NO_FLOOR
+    )
+    return Accounting(
+        total=len(baseline.cells),
+        passed=tuple(passed),
+        regressed=tuple(regressed),
+        not_gated=tuple(not_gated),
+        not_run=tuple(not_run),
+        deselected=tuple(deselected),
+        no_floor=no_floor,
+        regressions=tuple(regressions),
+        improvements=tuple(improvements),
+    )

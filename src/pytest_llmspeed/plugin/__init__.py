@@ -8,6 +8,7 @@ else: no network, no heavy import.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,13 +76,34 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         raise pytest.UsageError(run.redact(f"pytest-llmspeed: {exc}")) from None
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run = _run(session.config)
-    if run is not None:
-        saved = run.save_baseline()
-        if saved:
-            run.notes.append(saved)
-        run.stop()
+    if run is None:
+        return
+    if run.started and run.baseline is not None:
+        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
+        run.gate_warmups(remeasure=not interrupted)
+        acc = run.accounting()
+        failing = acc is not None and (
+            any(c in acc.regressed for c in _warmup_cells(run))
+            or (acc.not_run and run.settings.baseline_missing == "fail")
+        )
+        if failing and session.exitstatus in (
+            pytest.ExitCode.OK,
+            pytest.ExitCode.NO_TESTS_COLLECTED,
+        ):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    saved = run.save_baseline()
+    if saved:
+        run.notes.append(saved)
+    run.stop()
+
+
+def _warmup_cells(run: LLMSpeedRun) -> list[str]:
+    """Cells gated at the session's end (no test of their own ran)."""
+    from ..report.terminal import WARMUP_NOTE
+
+    return [cid for cid, c in run.cells.items() if WARMUP_NOTE in c.notes]
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -150,6 +172,41 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         )
 
 
+_SUITE_MARKERS = re.compile(r"\b(decode|prefill|llmspeed)\b")
+_FIXTURES = frozenset({"llm_cell", "llm_prefix", "llm_bench", "llm_server", "llm_concurrency"})
+
+
+def suite_rule(config: pytest.Config, items: list[pytest.Item]) -> tuple[bool, str]:
+    """Add the built-in suite? And the rule that decided, in words (shown after collection)."""
+    run = _run(config)
+    assert run is not None
+    mode = run.settings.builtin_suite
+    if mode != "auto":
+        return (
+            mode == "always",
+            f"built-in suite {'added' if mode == 'always' else 'left out'} "
+            f"(--llm-builtin-suite={mode})",
+        )
+    own = [i for i in items if _FIXTURES & set(getattr(i, "fixturenames", ()))]
+    if own:
+        return False, (
+            f"built-in suite left out: {len(own)} test(s) of yours use the llm_* fixtures "
+            "(--llm-builtin-suite=always adds it)"
+        )
+    if not items:
+        return True, "built-in suite added: no test of yours was collected"
+    markexpr = config.getoption("markexpr", "") or ""
+    if _SUITE_MARKERS.search(markexpr):
+        return True, f"built-in suite added: -m {markexpr!r} names its markers"
+    if config.getoption(settings.OPTIONS[0].dest, None):
+        return True, "built-in suite added: --llm-endpoint given on the command line"
+    return False, (
+        "built-in suite left out: the endpoint comes from the ini file or the environment and "
+        "the command asks for no speed test (run with -m decode, -m llmspeed or "
+        "--llm-builtin-suite=always)"
+    )
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
@@ -157,8 +214,8 @@ def pytest_collection_modifyitems(
     run = _run(config)
     if run is None:
         return
-    mode = run.settings.builtin_suite
-    if mode == "always" or (mode == "auto" and not items):
+    add, run.suite_rule = suite_rule(config, items)
+    if add:
         from . import suite
 
         module = pytest.Module.from_parent(session, path=Path(suite.__file__), nodeid="llmspeed")
@@ -184,20 +241,40 @@ def pytest_collection_modifyitems(
             item.add_marker(pytest.mark.skip(reason=skip.reason))
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    run = _run(session.config)
+    if run is not None:
+        run.selected = {str(i.stash[CELL_KEY]) for i in session.items if CELL_KEY in i.stash}
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str] | None:
+    run = _run(config)
+    return [f"llmspeed: {run.suite_rule}"] if run is not None and run.suite_rule else None
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     cid = item.stash.get(CELL_KEY, None)
     run = _run(item.config)
     excinfo = call.excinfo
-    if (
-        cid is not None
-        and run is not None
-        and excinfo is not None
-        and call.when == "setup"
-        and excinfo.errisinstance(pytest.skip.Exception)
-    ):
-        _record_skip(run, item, cid, str(excinfo.value))
+    if cid is not None and run is not None and excinfo is not None and call.when == "setup":
+        if excinfo.errisinstance(pytest.skip.Exception):
+            _record_skip(run, item, cid, str(excinfo.value))
+        elif str(cid) not in run.cells and run.started:
+            _record_not_run(run, item, cid, str(excinfo.value))
     return (yield)
+
+
+def _record_not_run(run: LLMSpeedRun, item: pytest.Item, cid: CellId, message: str) -> None:
+    """A cell whose setup failed (its context's prefix was refused, the server stopped):
+    not run, with the reason."""
+    from ..core.records import unmeasured_record
+    from ..results import Status
+
+    reason = run.redact(message.removeprefix("Failed: ").strip().splitlines()[0] if message else "")
+    record = unmeasured_record(cid, Status.NOT_RUN, reason, run.resolve(cid.context))
+    run.record(record)
+    item.user_properties.extend(record.properties())
 
 
 def _record_skip(run: LLMSpeedRun, item: pytest.Item, cid: CellId, message: str) -> None:
@@ -230,14 +307,15 @@ def pytest_terminal_summary(
     cells = list(run.cells.values())
     for line in render(cells, width, verbose, run.notes):
         terminalreporter.write_line(run.redact(line))
-    if run.baseline is not None:
-        for line in gate_lines(run.baseline, cells):
-            terminalreporter.write_line(line)
+    acc = run.accounting()
+    if run.baseline is not None and acc is not None:
+        missing_fails = run.settings.baseline_missing == "fail"
+        for line in gate_lines(run.baseline.path, acc, missing_fails):
+            terminalreporter.write_line(run.redact(line))
     if run.settings.results:
         terminalreporter.write_line(f"results: {run.settings.results}")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
-        server = run.header()[0].removeprefix("llmspeed server: ")
-        text = summary(f"LLM speed: {server}", cells, run.notes)
+        text = summary(f"LLM speed: {run.server_line or run.header()[0]}", cells, run.notes)
         with open(step_summary, "a", encoding="utf-8") as fh:
             fh.write(run.redact(text))

@@ -95,11 +95,22 @@ def llm_prefix(request: pytest.FixtureRequest) -> WarmPrefix:
     try:
         tokens, result = run.warm(context)
     except RequestRejected as exc:
-        _skip(run, cid, Status.NOT_RUN, f"the server refused the prompt: {run.redact(exc.reason)}")
+        # The arithmetic says the cell fits: a refusal is the server's failure, not a skip (an
+        # upgrade that stops serving 128K prompts must fail the gate).
+        failure = (
+            Status.FAILED,
+            run.redact(f"the server refused a prompt that fits (HTTP {exc.status}: {exc.reason})"),
+        )
     except LLMSpeedError as exc:
         _stop_if_fatal(request, run, exc)
-        pytest.fail(run.redact(describe(exc)), pytrace=False)
-    return WarmPrefix(context, tokens, result)
+        failure = (Status.ERROR, run.redact(describe(exc)))
+    else:
+        return WarmPrefix(context, tokens, result)
+    from ..core.records import unmeasured_record
+
+    # failed outside the except block: no chained traceback in the report
+    run.record(unmeasured_record(cid, failure[0], failure[1], run.resolve(context)))
+    pytest.fail(failure[1] if failure[0] is Status.ERROR else f"{cid}: {failure[1]}", pytrace=False)
 
 
 def _stop_if_fatal(request: pytest.FixtureRequest, run: LLMSpeedRun, exc: Exception) -> None:
@@ -178,7 +189,11 @@ class CellRunner:
             result = self.run.decode(prefix.tokens, cid.concurrency)
         except LLMSpeedError as exc:
             _stop_if_fatal(self.request, self.run, exc)
-            msg = self.run.redact(describe(exc))
+            error: LLMSpeedError | None = exc
+        else:
+            error = None
+        if error is not None:  # failed outside the except block: no chained traceback
+            msg = self.run.redact(describe(error))
             rec = unmeasured_record(cid, Status.ERROR, msg)
             self.run.record(rec)
             self._attach(rec)

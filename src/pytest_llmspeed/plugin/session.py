@@ -6,6 +6,7 @@ Lives in ``config.stash``; created at configure time without network, started at
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import platform
 import sys
@@ -23,6 +24,7 @@ from ..core.records import prefill_record
 from ..gate.baseline import Baseline, mismatches
 from ..gate.baseline import dump as dump_baseline
 from ..gate.baseline import load as load_baseline
+from ..gate.verdict import Accounting
 from ..results import CellId, CellRecord, Results, RunInfo, Status
 from .settings import Settings
 
@@ -55,6 +57,11 @@ class LLMSpeedRun:
         self.started_at = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
         self.fatal: str | None = None
         self.baseline: Baseline | None = None
+        #: ids of the cells this session set out to measure (its items after -m / -k)
+        self.selected: set[str] = set()
+        #: which rule added or left out the built-in suite, in words
+        self.suite_rule = ""
+        self.server_line = ""
         if settings.baseline:
             self.baseline = load_baseline(settings.baseline)  # BaselineError: bad file
 
@@ -100,6 +107,7 @@ class LLMSpeedRun:
         if self.bench.server and self.bench.server.kv_capacity is None:
             self.notes.append("KV capacity unknown: every cell ran (no over-capacity skips)")
         self.write_results()
+        self.server_line = self.header()[0].removeprefix("llmspeed server: ")
         self.started = True
         if self.baseline is not None:
             diff = mismatches(self.baseline, self.comparable())
@@ -129,6 +137,7 @@ class LLMSpeedRun:
             "prompt_form": self.prompt_form,
             "max_output": self.settings.max_output,
             "duration_s": self.settings.duration,
+            "prefill_repeats": self.settings.prefill_repeats,
         }
 
     def save_baseline(self) -> str | None:
@@ -259,6 +268,55 @@ class LLMSpeedRun:
     def decode(self, tokens: int, concurrency: int) -> DecodeResult:
         assert self.bench is not None
         return self.bench.decode(tokens, concurrency)
+
+    # -- the gate --------------------------------------------------------------------------
+
+    def gate_warmups(self, remeasure: bool) -> None:
+        """Gate the prefill figures that decode warm-ups measured when no prefill test ran
+        (``-m decode``): what a run measures is gated, whatever selected it. A warm-up that is
+        not comparable with the baseline's prefill cell says why instead."""
+        from ..core.records import prefill_record
+        from ..gate.verdict import NOT_GATED, gated, verdict, wants_another
+        from ..report.terminal import WARMUP_NOTE
+
+        if self.baseline is None:
+            return
+        for cid, record in list(self.cells.items()):
+            entry = self.baseline.cells.get(cid)
+            if entry is None or not record.measured or record.gate is not None:
+                continue
+            base_repeats = self.baseline.run.get("prefill_repeats", 1)
+            if base_repeats != self.settings.prefill_repeats:
+                why = (
+                    f"{NOT_GATED}the baseline's prefill is the median of {base_repeats} cold "
+                    f"request(s), this warm-up of {self.settings.prefill_repeats}"
+                )
+                self.record(dataclasses.replace(record, notes=(*record.notes, why)))
+                continue
+            attempts = [record]
+            notes = [WARMUP_NOTE]
+            tokens, max_tokens = record.context_tokens, record.max_tokens
+            while (
+                remeasure
+                and self.bench is not None
+                and wants_another(entry, attempts, self.settings.confirm)
+            ):
+                assert tokens is not None and max_tokens is not None
+                try:
+                    again = self.bench.prefill_again(tokens, max_tokens)
+                except LLMSpeedError as exc:  # gate on what was measured, and say so
+                    notes.append(self.redact(f"re-measurement failed: {exc}"))
+                    break
+                attempts.append(prefill_record(record.id.context, again))
+            result = gated(record, verdict(entry, attempts), attempts)
+            self.record(dataclasses.replace(result, notes=(*result.notes, *notes)))
+
+    def accounting(self) -> Accounting | None:
+        from ..gate.verdict import account
+
+        if self.baseline is None:
+            return None
+        return account(self.baseline, self.cells.values(), self.selected)
 
     def healthy(self) -> bool:
         return self.bench is not None and self.bench.healthy()

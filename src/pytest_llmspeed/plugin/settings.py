@@ -119,8 +119,17 @@ OPTIONS: tuple[Option, ...] = (
         default="1",
     ),
     Option(
+        "baseline-missing",
+        "a baseline cell this run selected but could not measure (over capacity, does not fit, "
+        "refused, server stopped): fail the run, or warn",
+        default="fail",
+        choices=("fail", "warn"),
+    ),
+    Option(
         "builtin-suite",
-        "run the built-in matrix: auto (when no test was collected), always, or never",
+        "run the built-in matrix: auto (when asked for: -m decode/prefill/llmspeed, "
+        "--llm-endpoint on the command line, or no test collected; never when your own tests use "
+        "the llm_* fixtures), always, or never",
         default="auto",
         choices=("auto", "always", "never"),
     ),
@@ -148,6 +157,7 @@ class Settings:
     save_baseline: str | None = None
     baseline_strict: bool = False
     confirm: int = 1
+    baseline_missing: str = "fail"
     builtin_suite: str = "auto"
 
     @property
@@ -175,6 +185,7 @@ class Settings:
             "max_error_rate": self.max_error_rate,
             "baseline": self.baseline,
             "confirm": self.confirm,
+            "baseline_missing": self.baseline_missing,
             "api_key": "<redacted>" if self.api_key else None,
         }
 

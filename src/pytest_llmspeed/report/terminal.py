@@ -6,9 +6,8 @@ from collections.abc import Callable
 
 from tabulate import tabulate
 
-from ..gate.baseline import Baseline
-from ..gate.verdict import not_measured
-from ..results import CellRecord, Outcome, Phase, Status, order_contexts
+from ..gate.verdict import Accounting
+from ..results import CellRecord, Phase, Status, order_contexts
 
 _COMPACT_MARK = {
     Status.VALID: "",
@@ -196,22 +195,35 @@ def render(cells: list[CellRecord], width: int, verbose: bool, notes: list[str])
     return lines
 
 
-def gate_lines(baseline: Baseline, cells: list[CellRecord]) -> list[str]:
-    """The gate's summary: regressions, improvements, cells not measured or without floor."""
-    verdicts = [c.gate for c in cells if c.gate is not None]
-    regressions = [k for v in verdicts for k in v.regressions]
-    improvements = [k for v in verdicts for k in v.improvements]
-    no_floor = [str(c.id) for c in cells if c.gate and c.gate.outcome is Outcome.NO_FLOOR]
-    missing = not_measured(baseline, cells)
+WARMUP_NOTE = "measured by the decode warm-up (its prefill test was not selected)"
+
+
+def gate_lines(path: object, acc: Accounting, missing_fails: bool = True) -> list[str]:
+    """The gate's summary: every baseline cell accounted for (the counts add up to the
+    baseline's cells), then the regressed figures, the improvements, the cells not run, not
+    gated, deselected, and the measured cells the baseline has no floor for."""
     lines = [
         "",
-        f"Baseline {baseline.path}: {len(regressions)} regression(s), "
-        f"{len(improvements)} improvement(s) beyond tolerance",
+        f"Baseline {path}: {len(acc.regressed)} regression(s), "
+        f"{len(acc.improvements)} improvement(s) beyond tolerance",
+        f"  {acc.total} baseline cell(s): {len(acc.passed)} passed, {len(acc.regressed)} "
+        f"regressed, {len(acc.not_run)} not run, {len(acc.deselected)} deselected, "
+        f"{len(acc.not_gated)} not gated",
     ]
-    lines += [f"  REGRESSION  {c.message()}" for c in regressions]
-    lines += [f"  improvement {c.improvement_message()}" for c in improvements]
-    if missing:
-        lines.append("  not measured: " + ", ".join(missing))
-    if no_floor:
-        lines.append("  no floor (not in the baseline): " + ", ".join(no_floor))
+    lines += [f"  REGRESSION  {c.message()}" for c in acc.regressions]
+    lines += [f"  improvement {c.improvement_message()}" for c in acc.improvements]
+    word = "NOT RUN   " if missing_fails else "not run   "
+    lines += [f"  {word}  {cid}: {why}" for cid, why in acc.not_run]
+    if acc.not_run:
+        lines.append(
+            "  (a baseline cell this run could not measure fails the run; "
+            "--llm-baseline-missing=warn accepts it)"
+            if missing_fails
+            else "  (--llm-baseline-missing=warn: cells not run are accepted)"
+        )
+    lines += [f"  not gated   {cid}: {why}" for cid, why in acc.not_gated]
+    if acc.deselected:
+        lines.append("  deselected: " + ", ".join(acc.deselected))
+    if acc.no_floor:
+        lines.append("  no floor (not in the baseline): " + ", ".join(acc.no_floor))
     return lines

@@ -362,6 +362,7 @@ class SimServer:
 
     def __init__(self, options: SimOptions) -> None:
         self.options = options
+        self.api_key = options.api_key  # PUT /sim/api-key changes it while the server runs
         self.profile = get_profile(options.profile)
         self.max_model_len = options.effective_max_model_len
         self.model_name = self.profile.served_model_name
@@ -406,6 +407,8 @@ class SimServer:
         r.add_post("/v1/chat/completions", self.chat_completions)
         r.add_get("/sim/trace", self.get_trace)
         r.add_delete("/sim/trace", self.clear_trace)
+        r.add_put("/sim/api-key", self.put_api_key)
+        r.add_put("/sim/faults", self.put_faults)
         return app
 
     async def start(self) -> str:
@@ -510,7 +513,7 @@ class SimServer:
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        key = self.options.api_key
+        key = self.api_key
         if (
             key is not None
             and request.path.startswith("/v1")
@@ -865,6 +868,26 @@ class SimServer:
             charset="utf-8",
             headers={"X-Prometheus-Format": "0.0.4"},
         )
+
+    async def put_api_key(self, request: web.Request) -> web.Response:
+        """Test hook: ``{"api_key": "new"}`` (or null) — the key a running server requires, so
+        a test can make the key rejected in the middle of a run."""
+        body = await self._json_body(request)
+        key = body.get("api_key")
+        if key is not None and not isinstance(key, str):
+            raise ApiError(400, "api_key must be a string or null", "BadRequestError")
+        self.api_key = key
+        return web.json_response({"api_key_set": key is not None})
+
+    async def put_faults(self, request: web.Request) -> web.Response:
+        """Test hook: ``{"faults": "stall=1,stall_s=20"}`` — the faults of a running server
+        (same grammar as ``--faults``), so a test can break the server after its warm-up."""
+        body = await self._json_body(request)
+        try:
+            self.faults = parse_faults(body.get("faults"))
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "BadRequestError") from None
+        return web.json_response({"faults": body.get("faults")})
 
     async def get_trace(self, request: web.Request) -> web.Response:
         return web.json_response(

@@ -1,0 +1,53 @@
+"""Plugin tests run pytest in pytest (``pytester``). Every results file such a run writes is
+checked against the published JSON Schema (docs/results.schema.json) after the test."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+SCHEMA = json.loads(
+    (Path(__file__).resolve().parents[2] / "docs" / "results.schema.json").read_text()
+)
+
+
+def _results_files(root: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    for path in root.rglob("*.json"):
+        try:
+            doc = json.loads(path.read_text())
+        except (ValueError, OSError):
+            continue
+        if isinstance(doc, dict) and str(doc.get("schema", "")).startswith("pytest-llmspeed/"):
+            yield path, doc
+
+
+@pytest.fixture(autouse=True)
+def _results_follow_the_schema(request: pytest.FixtureRequest) -> Iterator[None]:
+    if "pytester" not in request.fixturenames:
+        yield
+        return
+    root = request.getfixturevalue("pytester").path  # set up first, so torn down after us
+    yield
+    for path, doc in _results_files(root):
+        try:
+            jsonschema.Draft202012Validator(SCHEMA).validate(doc)
+        except jsonschema.ValidationError as exc:
+            pytest.fail(f"{path.name} does not follow the results schema: {exc.message}")
+
+
+@pytest.fixture
+def results_doc(pytester: pytest.Pytester) -> Callable[..., dict[str, Any]]:
+    """``results_doc("out.json")``: the results document a pytester run wrote, with its cells
+    also by id under ``"by_id"``."""
+
+    def read(name: str = "out.json") -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads((pytester.path / name).read_text())
+        doc["by_id"] = {c["id"]: c for c in doc["cells"]}
+        return doc
+
+    return read

@@ -1,0 +1,144 @@
+"""The gate must not look away: the suite runs where the user means it, every baseline cell is
+accounted for, and what a run measures is gated whatever selected it."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+TINY = "sim:tiny?speed=4&seed=5"
+MATRIX = (
+    "--llm-contexts=1K",
+    "--llm-concurrency=1,4",
+    "--llm-duration=1",
+    "--llm-max-output=64",
+    "-p",
+    "no:randomly",
+)
+UNIT_TEST = "def test_unit():\n    assert 1 + 1 == 2\n"
+
+
+# -- where the built-in suite runs -----------------------------------------------------------
+
+
+def test_marker_selects_the_decode_cells_next_to_a_unit_test(pytester):
+    pytester.makepyfile(test_unit=UNIT_TEST)
+    result = pytester.runpytest(f"--llm-endpoint={TINY}", *MATRIX, "-m", "decode", "-v")
+    result.assert_outcomes(passed=2, deselected=2)  # the unit test and test_prefill[1K]
+    result.stdout.fnmatch_lines(
+        [
+            "llmspeed: built-in suite added: -m 'decode' names its markers",
+            "*test_decode[[]1K-c4[]] PASSED*",
+        ]
+    )
+
+
+def test_endpoint_on_the_command_line_runs_the_unit_test_and_the_matrix(pytester):
+    pytester.makepyfile(test_unit=UNIT_TEST)
+    result = pytester.runpytest(f"--llm-endpoint={TINY}", *MATRIX)
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(
+        ["llmspeed: built-in suite added: --llm-endpoint given on the command line"]
+    )
+
+
+def test_endpoint_in_the_ini_file_does_not_turn_plain_pytest_into_a_matrix(pytester):
+    pytester.makepyfile(test_unit=UNIT_TEST)
+    pytester.makeini(
+        f"[pytest]\nllm_endpoint = {TINY}\nllm_contexts = 1K\nllm_concurrency = 1,4\n"
+        "llm_duration = 1\nllm_max_output = 64\n"
+    )
+    plain = pytester.runpytest()
+    plain.assert_outcomes(passed=1)
+    plain.stdout.fnmatch_lines(["llmspeed: built-in suite left out: the endpoint comes from *"])
+    asked = pytester.runpytest("-m", "decode")
+    asked.assert_outcomes(passed=2, deselected=2)
+
+
+def test_own_speed_tests_stand_in_for_the_built_in_suite(pytester):
+    pytester.makepyfile(
+        test_mine="""
+        import pytest
+
+        @pytest.mark.parametrize("llm_prefix", ["1K"], indirect=True)
+        def test_two_users(llm_prefix, llm_cell):
+            assert llm_cell.decode(llm_prefix, 2).total_tok_s > 0
+        """,
+        test_unit=UNIT_TEST,
+    )
+    result = pytester.runpytest(f"--llm-endpoint={TINY}", *MATRIX)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["llmspeed: built-in suite left out: 1 test(s) of yours use *"])
+    always = pytester.runpytest(f"--llm-endpoint={TINY}", *MATRIX, "--llm-builtin-suite=always")
+    always.assert_outcomes(passed=5)
+
+
+# -- every baseline cell accounted for -------------------------------------------------------
+
+
+@pytest.fixture
+def full_baseline(pytester):
+    result = pytester.runpytest(f"--llm-endpoint={TINY}", *MATRIX, "--llm-save-baseline=b.toml")
+    result.assert_outcomes(passed=3)
+    return pytester.path / "b.toml"
+
+
+def test_decode_selection_still_gates_the_prefill_the_warm_up_measured(pytester, full_baseline):
+    result = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=2.8&seed=5",  # 30 % slower than the baseline's speed=4
+        *MATRIX,
+        "-m",
+        "decode",
+        f"--llm-baseline={full_baseline}",
+        "--llm-results=out.json",
+    )
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(failed=2, deselected=1)
+    result.stdout.fnmatch_lines(
+        [
+            "Baseline *b.toml: 3 regression(s), 0 improvement(s) beyond tolerance",
+            "  3 baseline cell(s): 0 passed, 3 regressed, 0 not run, 0 deselected, 0 not gated",
+            "  REGRESSION  prefill[[]1K[]] prompt tok/s * < floor *",
+        ]
+    )
+    cells = {c["id"]: c for c in json.loads((pytester.path / "out.json").read_text())["cells"]}
+    prefill = cells["prefill[1K]"]
+    assert prefill["status"] == "failed" and prefill["baseline"] == "regressed"
+    assert any("decode warm-up" in n for n in prefill["notes"])
+
+
+def test_a_baseline_cell_that_no_longer_fits_fails_the_run(pytester):
+    pytester.path.joinpath("b.toml").write_text(
+        '[run]\nmodel = "tiny"\n\n[cells."decode[1K-c1]"]\ntotal_tok_s = 1.0\n\n'
+        '[cells."decode[16K-c1]"]\ntotal_tok_s = 1.0\n\n[cells."decode[8K-c1]"]\n'
+        "total_tok_s = 1.0\n"
+    )
+    args = (
+        f"--llm-endpoint={TINY}&max_model_len=8192",
+        "--llm-contexts=1K,16K",
+        "--llm-concurrency=1",
+        "--llm-duration=1",
+        "--llm-max-output=64",
+        "-m",
+        "decode",
+        "--llm-baseline=b.toml",
+    )
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(passed=1, skipped=1, deselected=2)
+    result.stdout.fnmatch_lines(
+        [
+            "  3 baseline cell(s): 1 passed, 0 regressed, 1 not run, 1 deselected, 0 not gated",
+            "  NOT RUN     decode[[]16K-c1[]]: does not fit: 16K + 64 = 16,448 > max_model_len *",
+            "  deselected: decode[[]8K-c1[]]",
+        ]
+    )
+    warned = pytester.runpytest(*args, "--llm-baseline-missing=warn")
+    assert warned.ret == pytest.ExitCode.OK
+    warned.stdout.fnmatch_lines(
+        [
+            "  not run     decode[[]16K-c1[]]: does not fit: *",
+            "  (--llm-baseline-missing=warn: cells not run are accepted)",
+        ]
+    )

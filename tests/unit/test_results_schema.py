@@ -1,0 +1,45 @@
+"""The results file's JSON Schema (docs/results.schema.json) is the contract: the stored 0.1.0
+file and what the typed model writes validate against it, and it rejects what is not results."""
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = json.loads((ROOT / "docs" / "results.schema.json").read_text())
+
+
+def validate(doc):
+    jsonschema.Draft202012Validator(SCHEMA).validate(doc)
+
+
+def test_the_schema_is_a_valid_schema():
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+
+
+def test_stored_file_and_the_models_output_validate():
+    from pytest_llmspeed.results import load
+
+    doc = json.loads((ROOT / "tests" / "data" / "v1" / "results.json").read_text())
+    validate(doc)
+    validate(load(ROOT / "tests" / "data" / "v1" / "results.json").to_document())
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda d: d.update(schema="pytest-llmspeed/results/v2"),
+        lambda d: d["cells"][0].update(status="great"),
+        lambda d: d["cells"][0].update(id="decode[1K]"),
+        lambda d: d["cells"][2].pop("reason"),  # a cell not run says why
+        lambda d: d["cells"][5].pop("total_tok_s"),  # a valid decode cell has its figures
+        lambda d: d["run"]["settings"].update(api_key="sk-secret"),
+    ],
+)
+def test_the_schema_rejects(change):
+    doc = json.loads((ROOT / "tests" / "data" / "v1" / "results.json").read_text())
+    change(doc)
+    with pytest.raises(jsonschema.ValidationError):
+        validate(doc)
