@@ -558,6 +558,7 @@ class RunInfo:
     platform: str | None = None
     pytest: str | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)  # the user's, e.g. hardware
+    launch_command: str | None = None  # how the server was started, secrets redacted
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_v1(self) -> dict[str, Any]:
@@ -571,6 +572,8 @@ class RunInfo:
             out[key] = value
         if self.metadata:
             out["metadata"] = dict(self.metadata)
+        if self.launch_command is not None:
+            out["launch_command"] = self.launch_command
         out.update(self.extra)
         return out
 
@@ -583,7 +586,10 @@ class RunInfo:
         kwargs["notes"] = tuple(str(n) for n in data.get("notes") or ())
         kwargs["settings"] = dict(data.get("settings") or {})
         kwargs["metadata"] = {str(k): str(v) for k, v in (data.get("metadata") or {}).items()}
-        kwargs["extra"] = {k: v for k, v in data.items() if k not in (*_RUN_KEYS, "metadata")}
+        if isinstance(data.get("launch_command"), str):
+            kwargs["launch_command"] = data["launch_command"]
+        added = (*_RUN_KEYS, "metadata", "launch_command")
+        kwargs["extra"] = {k: v for k, v in data.items() if k not in added}
         return cls(**kwargs)
 
 

@@ -51,3 +51,12 @@ def results_doc(pytester: pytest.Pytester) -> Callable[..., dict[str, Any]]:
         return doc
 
     return read
+
+
+@pytest.fixture(scope="module")
+def sim_url() -> Iterator[str]:
+    """A ``tiny`` simulator at speed 4 in its own process, shared by a module's tests."""
+    from pytest_llmspeed.sim import SimOptions, running_simulator_process
+
+    with running_simulator_process(SimOptions(profile="tiny", speed=4.0)) as url:
+        yield url

@@ -172,3 +172,24 @@ def test_server_that_never_answers_times_out_with_one_message(pytester):
         ["ERROR: pytest-llmspeed: cannot reach the LLM server at *: no answer within 2 s *"]
     )
     assert result.duration < 20
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--llm-results", "/proc/r.json", "cannot write there (*): choose a writable path"),
+        ("--llm-save-baseline", "/proc/b.toml", "cannot write there (*): choose a writable path"),
+        ("--llm-results", ".", "is a folder: give a file name"),
+    ],
+)
+def test_an_output_that_cannot_be_written_is_a_usage_error(pytester, option, value, message):
+    result = pytester.runpytest("--llm-endpoint=sim", f"{option}={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {option}={value!r}: {message}"])
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()
+
+
+def test_an_output_folder_that_does_not_exist_yet_is_created(pytester):
+    result = pytester.runpytest("--llm-endpoint=sim", "--llm-results=new/dir/r.json", "--co")
+    assert result.ret == pytest.ExitCode.OK
+    assert (pytester.path / "new" / "dir").is_dir()

@@ -28,13 +28,41 @@ def test_server_that_refuses_vendor_fields(pytester):
     assert sum(c["early_stops"] for c in decode) > 0
 
 
-def test_server_without_usage_in_streams_counts_chunks_and_says_so(pytester):
-    result = run_matrix(pytester, endpoint=f"{TINY}&quirks=no-stream-usage")
+def test_server_without_usage_in_streams_counts_exactly_where_it_can_and_says_how(pytester):
+    result = run_matrix(pytester, endpoint=f"{TINY}&quirks=no-stream-usage&stream_interval=3")
     result.assert_outcomes(passed=6)
-    result.stdout.fnmatch_lines(["note: tokens: chunk-count (the server sends no per-chunk usage)"])
+    result.stdout.fnmatch_lines(["note: tokens: the server sends no usage in streams: *"])
     decode = [c for c in _doc(pytester)["cells"] if c["phase"] == "decode"]
-    assert decode and all(c["tokens"] == "chunk-count" for c in decode)
+    # requests that finished count max_tokens exactly; those cut at the window's end take the
+    # cell's tokens per chunk, and the cell says so
+    assert decode and all(c["tokens"] == "ratio" for c in decode)
+    assert all(any("tokens per chunk" in n for n in c["notes"]) for c in decode)
     assert all(c["total_tok_s"] > 0 and c["tbt_ms"] > 0 for c in decode)
+    assert sum(c["early_stops"] for c in decode) == 0  # each one reached max_tokens
+
+
+def test_a_cell_the_servers_counter_refutes_fails_with_both_figures(pytester):
+    # no usage, 3 tokens per chunk, outputs longer than the window: no request finishes, one
+    # token per chunk is all the client can assume, and the server's counter says 3x more
+    result = run_matrix(
+        pytester,
+        "--llm-max-output=4096",
+        "-m",
+        "decode",
+        endpoint=f"{TINY}&quirks=no-stream-usage&stream_interval=3",
+    )
+    result.assert_outcomes(failed=4, deselected=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*decode[[]1K-c1[]]: the server's generation counter rose by * tokens over the window "
+            "while *–* were received (+*%): likely chunks that carry several tokens, counted "
+            "without usage*",
+            "*ONE TOKEN PER CHUNK ASSUMED*",
+        ]
+    )
+    cells = {c["id"]: c for c in _doc(pytester)["cells"]}
+    assert cells["decode[1K-c1]"]["status"] == "failed"
+    assert cells["decode[1K-c1]"]["tokens"] == "chunk-count"
 
 
 def test_server_without_metrics_runs_every_cell(pytester):
@@ -111,3 +139,47 @@ def test_decode_cell_whose_prompts_the_server_counts_otherwise_fails(pytester):
     )  # fmt: skip
     cell = {c["id"]: c for c in _doc(pytester)["cells"]}["decode[1K-c2]"]
     assert cell["status"] == "failed" and cell["wrong_prompt_lengths"]
+
+
+@pytest.mark.parametrize("suffix", ["/v1", "/v1/"])
+def test_endpoint_written_with_v1_measures_the_same_server(pytester, sim_url, suffix):
+    result = pytester.runpytest(
+        f"--llm-endpoint={sim_url}{suffix}",
+        "--llm-contexts=1K",
+        "--llm-concurrency=1",
+        "--llm-duration=1",
+        "--llm-max-output=64",
+        "--llm-results=out.json",
+    )
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [f"note: --llm-endpoint ends in /v1, the API's path: measuring the server at {sim_url}"]
+    )
+    assert _doc(pytester)["run"]["endpoint"] == sim_url
+
+
+def test_models_list_failing_goes_on_with_the_model_given(pytester):
+    endpoint = f"{TINY}&quirks=models-500"
+    result = run_matrix(pytester, "--llm-model=tiny", endpoint=endpoint)
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(
+        [
+            "note: warning: */v1/models answered HTTP 500: *; going on with the model given (tiny)",
+            "note: max_model_len 32,768 from the server's /tokenize answer",
+        ]
+    )
+    refused = pytester.runpytest(f"--llm-endpoint={endpoint}")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["ERROR: pytest-llmspeed: */v1/models answered HTTP 500*"])
+
+
+def test_server_without_tokenize_is_one_message_naming_the_url_and_its_purpose(pytester):
+    result = pytester.runpytest(f"--llm-endpoint={TINY}&quirks=no-tokenize")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "ERROR: pytest-llmspeed: http://127.0.0.1:*/tokenize (sizing exact-length prompts "
+            "with the server's own tokenizer: the plugin needs vLLM's or SGLang's /tokenize) "
+            "answered HTTP 404: Not Found"
+        ]
+    )

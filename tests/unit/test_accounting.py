@@ -2,7 +2,8 @@
 
 import json
 
-from pytest_llmspeed.core.client import StreamRecord, account_tokens
+from pytest_llmspeed.core.client import StreamRecord, account_tokens, spread
+from pytest_llmspeed.core.protocol import complete_accounting, ended_early
 
 
 def sse(*objs, done=True):
@@ -76,3 +77,76 @@ def test_error_event_midstream():
     account_tokens(rec)
     assert rec.error == "error event: boom"
     assert rec.n_tokens == 1
+
+
+# -- streams without per-chunk usage (issue 13): exact totals where the stream allows them ---
+
+FINAL = {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 9}}
+
+
+def test_final_usage_is_exact_and_spread_over_the_chunks():
+    rec = StreamRecord(
+        reads=[(1.0, sse(chunk("abc"), chunk("def"), chunk("ghi", finish="length"), FINAL))]
+    )
+    account_tokens(rec, 9)
+    assert rec.count_method == "final-usage" and rec.n_tokens == 9
+    assert rec.token_counts == [3, 3, 3]
+
+
+def test_no_usage_but_finished_at_length_counts_max_tokens():
+    rec = StreamRecord(reads=[(1.0, sse(chunk("ab"), chunk("cd"), chunk("e", finish="length")))])
+    account_tokens(rec, 8)
+    assert rec.count_method == "max-tokens" and rec.token_counts == [2, 3, 3]
+
+
+def test_no_usage_and_an_early_stop_is_unknown_for_now():
+    rec = StreamRecord(reads=[(1.0, sse(chunk("ab"), chunk("c", finish="stop")))])
+    account_tokens(rec, 8)
+    assert rec.count_method is None and rec.token_counts == [1, 1]
+
+
+def test_spread_keeps_the_total():
+    assert spread(10, 3) == [3, 3, 4] and sum(spread(4095, 1366)) == 4095 and spread(5, 0) == []
+
+
+def cut(chunks):  # a stream cancelled at the window's end: no usage, no finish reason
+    rec = StreamRecord(reads=[(1.0, sse(*[chunk("xyz")] * chunks, done=False))], cancelled=True)
+    return account_tokens(rec, 4096)
+
+
+def finished(chunks, tokens):
+    rec = StreamRecord(
+        reads=[(1.0, sse(*[chunk("xyz")] * (chunks - 1), chunk("x", finish="length")))]
+    )
+    return account_tokens(rec, tokens)
+
+
+def test_cut_requests_take_the_cells_tokens_per_chunk():
+    records = [finished(10, 30), finished(20, 60), cut(5), cut(7)]
+    acc = complete_accounting(records)
+    assert acc.method == "ratio" and acc.ratio == 3.0 and acc.ratio_rel_error == 0.0
+    assert [r.n_tokens for r in records[2:]] == [15, 21]
+    assert "2 request(s) cut at the window's end estimated at 3.00 tokens per chunk" in acc.note
+
+
+def test_nothing_known_assumes_one_token_per_chunk_and_says_so_loudly():
+    records = [cut(5), cut(7)]
+    acc = complete_accounting(records)
+    assert acc.method == "chunk-count" and "ONE TOKEN PER CHUNK ASSUMED" in acc.note
+    assert [r.n_tokens for r in records] == [5, 7]
+
+
+def test_continuous_usage_is_plain_usage():
+    rec = StreamRecord(reads=[(1.0, sse(chunk("a", 1), chunk("b", 2)))])
+    account_tokens(rec, 2)
+    acc = complete_accounting([rec])
+    assert acc.method == "usage" and acc.note is None
+
+
+def test_a_request_that_reached_length_did_not_end_early():
+    rec = StreamRecord(reads=[(1.0, sse(chunk("abc"), chunk("d", finish="length")))])
+    account_tokens(rec, 4096)
+    assert not ended_early(rec, 4096)  # 2 chunks, but the server says it reached max_tokens
+    stop = StreamRecord(reads=[(1.0, sse(chunk("abc", 3), chunk("d", 4, finish="stop")))])
+    account_tokens(stop, 4096)
+    assert ended_early(stop, 4096)

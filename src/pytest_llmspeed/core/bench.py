@@ -51,6 +51,7 @@ class BenchConfig:
     timeout: float
     kv_capacity: int | None
     kv_capacity_source: str = "given"  # in words, for the report (the option that set it)
+    max_model_len: int | None = None  # given by the user: wins over the server's
     prefill_repeats: int = 1  # cold requests per prefill cell; the figure is their median
     text_prompts: bool = False  # completions prompts as text sized with /tokenize, not ids
 
@@ -82,7 +83,9 @@ class Bench:
     async def _start(self) -> None:
         cfg = self.config
         self.conn = Connection.open(cfg.base_url, cfg.api_key, cfg.timeout)
-        self.server = await probe(self.conn, cfg.model, cfg.kv_capacity, cfg.kv_capacity_source)
+        self.server = await probe(
+            self.conn, cfg.model, cfg.kv_capacity, cfg.kv_capacity_source, cfg.max_model_len
+        )
         self.factory = PromptFactory(
             self.conn, self.server.model, api=cfg.api, text=cfg.text_prompts
         )

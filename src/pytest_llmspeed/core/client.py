@@ -95,13 +95,16 @@ class Connection:
         except (TimeoutError, aiohttp.ClientConnectionError, OSError) as exc:
             raise self._unreachable(exc) from None
 
-    async def post_json(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
-        """POST JSON, return the JSON answer; HTTP errors → RequestRejected / KeyRejected."""
+    async def post_json(
+        self, path: str, payload: dict[str, Any], purpose: str | None = None
+    ) -> dict[str, Any]:
+        """POST JSON, return the JSON answer; HTTP errors → RequestRejected / KeyRejected, whose
+        message names the URL and ``purpose`` (what the request was for)."""
         try:
             async with await self.send("POST", path, json=payload, headers=self.headers) as resp:
                 body = await resp.text()
                 if resp.status != 200:
-                    raise self.http_error(resp.status, body, path)
+                    raise self.http_error(resp.status, body, path, purpose)
                 answer: dict[str, Any] = json.loads(body)
                 return answer
         except (TimeoutError, aiohttp.ClientConnectionError, OSError) as exc:
@@ -122,12 +125,14 @@ class Connection:
             redact(f"cannot reach the LLM server at {self.base_url}: {what}", self.api_key)
         )
 
-    def http_error(self, status: int, body: str, path: str | None = None) -> LLMSpeedError:
+    def http_error(
+        self, status: int, body: str, path: str | None = None, purpose: str | None = None
+    ) -> LLMSpeedError:
         """The typed error of an HTTP error answer (the key, if echoed, redacted)."""
         message = redact(error_message(body), self.api_key)
         if status == 401 or status == 403:
             return KeyRejected(f"API key rejected by {self.base_url} (HTTP {status}: {message})")
-        return RequestRejected(status, message, self.url(path) if path else None)
+        return RequestRejected(status, message, self.url(path) if path else None, purpose)
 
 
 def error_message(body: str) -> str:
@@ -169,6 +174,7 @@ class StreamRecord:
     completion_tokens: int | None = None
     finish_reason: str | None = None
     usage_per_chunk: bool = True
+    count_method: str | None = None  # USAGE, FINAL_USAGE, MAX_TOKENS, RATIO; None: unknown
     finished: bool = False  # the stream ended normally ([DONE] or a finish_reason)
 
     @property
@@ -215,11 +221,34 @@ def _carries_token(obj: dict[str, Any]) -> bool:
     return any(_chunk_text_len(c) > 0 for c in obj.get("choices") or ())
 
 
-def account_tokens(rec: StreamRecord) -> StreamRecord:
-    """Parse the recorded events: per-chunk tokens from the rise of usage.completion_tokens.
+#: how a request's tokens were counted, best first (docs/metrics.md, "Token accounting")
+USAGE = "usage"  # continuous usage: every chunk's tokens, exact
+FINAL_USAGE = "final-usage"  # the stream's final usage: the total exact, spread over chunks
+MAX_TOKENS = "max-tokens"  # no usage, finish_reason length at max_tokens: exact, spread
+RATIO = "ratio"  # cut at the window's end: the cell's tokens per chunk (an estimate)
+CHUNK_COUNT = "chunk-count"  # nothing better: one token per chunk (an estimate)
+EXACT = (USAGE, FINAL_USAGE, MAX_TOKENS)
 
-    Where chunks carry no usage, count one token per non-empty chunk and set
-    ``usage_per_chunk = False`` (an estimate).
+
+def spread(total: int, chunks: int) -> list[int]:
+    """``total`` tokens over ``chunks`` chunks as evenly as whole tokens allow (the remainder
+    one each to the last chunks, so a stream's first chunk carries its smallest share)."""
+    if chunks <= 0:
+        return []
+    base, extra = divmod(max(total, 0), chunks)
+    return [base + (1 if i >= chunks - extra else 0) for i in range(chunks)]
+
+
+def account_tokens(rec: StreamRecord, max_tokens: int | None = None) -> StreamRecord:
+    """Parse the recorded events into tokens per chunk, the best way the stream allows.
+
+    - continuous usage (``usage.completion_tokens`` on every chunk): its rise, exact;
+    - usage only at the end: that total, exact, spread over the non-empty chunks;
+    - no usage, but ``finish_reason: length`` and the ``max_tokens`` asked: ``max_tokens``,
+      exact, spread over the chunks;
+    - otherwise (cut at the window's end, or no usage and an early end): one token per chunk
+      for now, ``count_method = None``; the decode cell replaces it with its finished
+      requests' tokens-per-chunk ratio where it can (``chunk-count`` where it cannot).
     """
     times: list[float] = []
     counts: list[int] = []
@@ -266,10 +295,22 @@ def account_tokens(rec: StreamRecord) -> StreamRecord:
                 rec.completion_tokens = ct
     if content_chunks and usage_seen >= content_chunks:
         rec.usage_per_chunk = True
+        rec.count_method = USAGE
         rec.token_times, rec.token_counts = times, counts
     else:
         rec.usage_per_chunk = False
-        rec.token_times, rec.token_counts = fallback, [1] * len(fallback)
+        total: int | None = None
+        if rec.completion_tokens is not None:
+            total, rec.count_method = rec.completion_tokens, FINAL_USAGE
+        elif rec.finish_reason == "length" and max_tokens is not None and not rec.error:
+            total, rec.count_method = max_tokens, MAX_TOKENS
+        else:
+            rec.count_method = None
+        rec.token_times = fallback
+        if total is not None and fallback:
+            rec.token_counts = spread(total, len(fallback))
+        else:
+            rec.token_counts = [1] * len(fallback)
     if rec.token_times:
         rec.t_first = rec.token_times[0]
     return rec

@@ -8,6 +8,8 @@ option (``--llm-timeout``) to what it prints.
 
 from __future__ import annotations
 
+import re
+
 
 class LLMSpeedError(Exception):
     """An error whose message is meant for the user as it is (no traceback)."""
@@ -51,8 +53,13 @@ class NotAnOpenAIServer(LLMSpeedError):
 class RequestRejected(LLMSpeedError):
     """The server answered a request with an HTTP error (4xx/5xx)."""
 
-    def __init__(self, status: int, message: str, url: str | None = None):
-        super().__init__(f"HTTP {status}: {message}")
+    def __init__(
+        self, status: int, message: str, url: str | None = None, purpose: str | None = None
+    ):
+        text = f"HTTP {status}: {message}"
+        if url and purpose:  # say which request, and what it was for
+            text = f"{url} ({purpose}) answered {text}"
+        super().__init__(text)
         self.status = status
         self.reason = message
         self.url = url
@@ -66,4 +73,30 @@ def redact(text: str, secret: str | None) -> str:
     """Remove a secret from a text (API keys never appear in any output)."""
     if secret:
         text = text.replace(secret, "<redacted>")
+    return text
+
+
+_SECRET_PATTERNS = (
+    # --api-key VALUE, --api-key=VALUE, --hf-token 'VALUE' (any option naming a key/token/secret)
+    re.compile(
+        r"""(?P<keep>--(?:\w+[-_])*(?:api[-_]?key|key|token|secret|password)(?:=|\s+))"""
+        r"""(?P<secret>"[^"]*"|'[^']*'|\S+)""",
+        re.IGNORECASE,
+    ),
+    # Authorization: Bearer VALUE
+    re.compile(r"(?P<keep>\bBearer\s+)(?P<secret>[^\s'\"]+)", re.IGNORECASE),
+    # OPENAI_API_KEY=VALUE, HF_TOKEN=VALUE, export X_SECRET="VALUE"
+    re.compile(
+        r"""(?P<keep>\b[A-Z0-9_]*(?:_KEY|_TOKEN|_SECRET|_PASSWORD)=)"""
+        r"""(?P<secret>"[^"]*"|'[^']*'|\S+)"""
+    ),
+)
+
+
+def redact_secrets(text: str) -> str:
+    """A command line or text with its secrets replaced by ``<redacted>``: the values of
+    ``--api-key`` (and other key, token, secret or password options), bearer tokens, and
+    ``*_KEY=`` / ``*_TOKEN=`` / ``*_SECRET=`` / ``*_PASSWORD=`` assignments."""
+    for pattern in _SECRET_PATTERNS:
+        text = pattern.sub(lambda m: m.group("keep") + "<redacted>", text)
     return text

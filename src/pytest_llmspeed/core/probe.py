@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -24,6 +25,7 @@ class ServerInfo:
     kv_capacity: int | None
     kv_capacity_source: str  # where kv_capacity came from, in words
     has_metrics: bool
+    notes: tuple[str, ...] = ()  # what the probe had to work around
 
     def describe(self) -> str:
         cap = f"{self.kv_capacity:,} tokens" if self.kv_capacity else "unknown"
@@ -147,32 +149,37 @@ async def probe(
     model: str | None,
     kv_capacity: int | None,
     kv_capacity_source: str = "given",
+    max_model_len: int | None = None,
 ) -> ServerInfo:
     """Ask the server what it is. Raises LLMSpeedError with a user-facing message.
 
     ``kv_capacity`` given by the caller wins over the server's; ``kv_capacity_source`` says
     where it came from."""
+    notes: list[str] = []
     status, body = await conn.get("/v1/models")
     if status in (401, 403):
         raise conn.http_error(status, body, "/v1/models")
-    if status != 200:
-        raise NotAnOpenAIServer(
-            f"{conn.base_url}/v1/models answered HTTP {status}: is this an OpenAI-compatible "
-            "server?"
-        )
     try:
-        data = json.loads(body).get("data") or []
-    except (ValueError, AttributeError):
-        raise NotAnOpenAIServer(f"{conn.base_url}/v1/models did not answer JSON") from None
-    models = [str(m["id"]) for m in data if isinstance(m, dict) and m.get("id")]
-    if not models:
-        raise ModelNotFound(f"{conn.base_url} serves no model (/v1/models is empty)")
+        data, models = _models(conn, status, body)
+    except LLMSpeedError as exc:
+        if model is None:
+            raise
+        # some servers answer /v1/models badly (transformers serve offline: HTTP 500) but serve
+        # the model they are asked for: go on with the name the user gave
+        data, models = [], [model]
+        notes.append(f"warning: {exc.message}; going on with the model given ({model})")
     chosen = model or models[0]
     if chosen not in models:
         raise ModelNotFound(
             f"model {chosen!r} is not served by {conn.base_url}; it serves: {', '.join(models)}."
         )
     mml = next((m.get("max_model_len") for m in data if m.get("id") == chosen), None)
+    if max_model_len is not None:
+        mml = max_model_len
+    elif mml is None:
+        mml = await _max_model_len_from_tokenize(conn, chosen)
+        if mml is not None:
+            notes.append(f"max_model_len {mml:,} from the server's /tokenize answer")
 
     engine, version = "unknown", None
     status, body = await conn.get("/version")
@@ -211,7 +218,36 @@ async def probe(
         kv_capacity=cap,
         kv_capacity_source=source,
         has_metrics=samples is not None,
+        notes=tuple(notes),
     )
+
+
+def _models(conn: Connection, status: int, body: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The model entries and ids of a /v1/models answer; typed errors when it is not one."""
+    if status != 200:
+        raise NotAnOpenAIServer(
+            f"{conn.base_url}/v1/models answered HTTP {status}: is this an OpenAI-compatible "
+            "server?"
+        )
+    try:
+        data = json.loads(body).get("data") or []
+    except (ValueError, AttributeError):
+        raise NotAnOpenAIServer(f"{conn.base_url}/v1/models did not answer JSON") from None
+    entries = [m for m in data if isinstance(m, dict)]
+    models = [str(m["id"]) for m in entries if m.get("id")]
+    if not models:
+        raise ModelNotFound(f"{conn.base_url} serves no model (/v1/models is empty)")
+    return entries, models
+
+
+async def _max_model_len_from_tokenize(conn: Connection, model: str) -> int | None:
+    """vLLM's /tokenize answers carry max_model_len: ask with one short prompt."""
+    try:
+        answer = await conn.post_json("/tokenize", {"model": model, "prompt": "a"})
+    except LLMSpeedError:
+        return None
+    value = answer.get("max_model_len") if isinstance(answer, dict) else None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 async def _sglang_capacity(conn: Connection) -> int | None:

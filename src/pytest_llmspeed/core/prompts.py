@@ -172,7 +172,12 @@ class PromptFactory:
 
     async def _tokenize(self, **body: Any) -> list[int]:
         body.setdefault("model", self.model)
-        data = await self.conn.post_json("/tokenize", body)
+        data = await self.conn.post_json(
+            "/tokenize",
+            body,
+            "sizing exact-length prompts with the server's own tokenizer: the plugin needs "
+            "vLLM's or SGLang's /tokenize",
+        )
         tokens = data.get("tokens")
         if not isinstance(tokens, list):
             raise PromptError(f"/tokenize on {self.conn.base_url} did not return token ids")

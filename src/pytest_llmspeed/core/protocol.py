@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import statistics
 import time
 from collections import Counter
@@ -15,7 +16,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .client import Connection, StreamRecord, account_tokens, stream_request
+from .client import (
+    CHUNK_COUNT,
+    EXACT,
+    FINAL_USAGE,
+    MAX_TOKENS,
+    RATIO,
+    USAGE,
+    Connection,
+    StreamRecord,
+    account_tokens,
+    spread,
+    stream_request,
+)
 from .errors import KeyRejected, LLMSpeedError, RequestRejected
 from .probe import SNAPSHOT_FAMILIES, MetricsSnapshot, read_metrics, snapshot
 from .prompts import PromptFactory
@@ -81,9 +94,17 @@ async def _negotiate_fields(
             conn, dialect.path, prompt.encode(request_fields(model, 2, dialect))
         )
         if not rec.error:
-            account_tokens(rec)
-            if not rec.usage_per_chunk and dialect.stream_options:
-                dialect.notes.append("tokens: chunk-count (the server sends no per-chunk usage)")
+            account_tokens(rec, 2)
+            if not rec.usage_per_chunk:
+                dialect.notes.append(
+                    "tokens: the server sends usage only at the end of a stream: each request's "
+                    "total is exact, spread over its chunks; requests cut at the window's end "
+                    "are estimated from the cell's tokens per chunk"
+                    if rec.completion_tokens is not None
+                    else "tokens: the server sends no usage in streams: a request that ends at "
+                    "max_tokens counts max_tokens; requests cut at the window's end are "
+                    "estimated from the cell's tokens per chunk"
+                )
             return dialect, None
         if rec.status in (400, 422) and dialect.vendor_fields:
             dialect.vendor_fields = False
@@ -135,7 +156,7 @@ async def run_prefill(
     prompt = await factory.prompt(context, 0)
     body = prompt.encode(request_fields(model, max_tokens, dialect))
     rec = await stream_request(conn, dialect.path, body)
-    account_tokens(rec)
+    account_tokens(rec, max_tokens)
     if rec.error and rec.status is not None and 400 <= rec.status < 500:
         raise RequestRejected(
             rec.status, rec.error.removeprefix(f"HTTP {rec.status}: "), conn.url(dialect.path)
@@ -166,7 +187,7 @@ class DecodeResult:
     duration_s: float
     max_output: int
     stats: DecodeStats
-    token_accounting: str  # "usage" or "chunk-count" (an estimate)
+    token_accounting: str  # the weakest way a request's tokens were counted (client.USAGE ...)
     early_stops: int  # requests that finished with fewer than max_output tokens
     errors: dict[str, int]
     received_tokens: int  # all tokens of all streams, window or not
@@ -180,6 +201,7 @@ class DecodeResult:
     aborted: str | None = None  # why the cell stopped early
     aborted_setting: str | None = None  # the setting that may fix it ("timeout")
     error_settings: frozenset[str] = frozenset()  # settings that may fix failed requests
+    token_note: str | None = None  # how the tokens were counted, when not from continuous usage
     received_span: tuple[int, int] | None = None
     window: tuple[float, float] = (0.0, 0.0)  # perf_counter times the window opened and closed
     received_chunks: int = 0  # token-carrying chunks of all streams
@@ -379,14 +401,13 @@ def _decode_result(
     errors: Counter[str] = Counter()
     early = 0
     wrong: Counter[int] = Counter()
-    estimated = False
     error_settings: set[str] = set()
     received = 0
     chunks = 0
     for rec in records:
-        account_tokens(rec)
-        if rec.token_times and not rec.usage_per_chunk:
-            estimated = True
+        account_tokens(rec, max_output)
+    accounting = complete_accounting(records)
+    for rec in records:
         if rec.error:
             errors[_short(rec.error)] += 1
             if rec.error_setting:
@@ -394,7 +415,7 @@ def _decode_result(
         if rec.prompt_tokens is not None and rec.prompt_tokens != context:
             wrong[rec.prompt_tokens] += 1
         done = rec.finished and not rec.cancelled and not rec.error
-        if done and rec.n_tokens < max_output:
+        if done and ended_early(rec, max_output):
             early += 1
         received += rec.n_tokens
         chunks += len(rec.token_counts)
@@ -431,7 +452,8 @@ def _decode_result(
         duration_s=duration,
         max_output=max_output,
         stats=stats,
-        token_accounting="chunk-count" if estimated else "usage",
+        token_accounting=accounting.method,
+        token_note=accounting.note,
         early_stops=early,
         errors=dict(errors),
         received_tokens=received,
@@ -449,6 +471,96 @@ def _decode_result(
         error_settings=frozenset(error_settings),
         records=records,
     )
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """How a cell's tokens were counted: the weakest method any request needed, in words."""
+
+    method: str
+    note: str | None = None
+    ratio: float | None = None  # tokens per chunk used for the requests it estimated
+    ratio_rel_error: float | None = None  # its relative standard error
+
+
+def complete_accounting(records: list[StreamRecord]) -> Accounting:
+    """Count the tokens of requests whose stream said nothing exact (cut at the window's end
+    with no usage): the tokens-per-chunk ratio of the cell's requests whose totals are exact,
+    and its standard error; one token per chunk only where no request's total is known."""
+    exact = [r for r in records if r.count_method in EXACT and r.token_counts]
+    unknown = [r for r in records if r.count_method is None and r.token_counts]
+    methods = {r.count_method for r in exact}
+    if not unknown:
+        if methods <= {USAGE}:
+            return Accounting(USAGE)
+        method = FINAL_USAGE if FINAL_USAGE in methods else MAX_TOKENS
+        how = "final usage" if method == FINAL_USAGE else "max_tokens at finish_reason length"
+        return Accounting(method, f"tokens: {how}, spread over chunks")
+    basis = [r for r in exact if r.count_method != USAGE] or exact
+    if not basis:
+        for r in unknown:
+            r.count_method = CHUNK_COUNT
+        return Accounting(
+            CHUNK_COUNT,
+            "tokens: ONE TOKEN PER CHUNK ASSUMED (no usage, no request finished at max_tokens): "
+            "an estimate that undercounts multi-token chunks",
+        )
+    per_request = [r.n_tokens / len(r.token_counts) for r in basis]
+    ratio = sum(r.n_tokens for r in basis) / sum(len(r.token_counts) for r in basis)
+    rel = 0.0
+    if len(per_request) >= 2 and ratio > 0:
+        rel = statistics.stdev(per_request) / math.sqrt(len(per_request)) / ratio
+    for r in unknown:
+        k = len(r.token_counts)
+        r.token_counts = spread(round(k * ratio), k)
+        r.count_method = RATIO
+    note = (
+        f"tokens: {len(unknown)} request(s) cut at the window's end estimated at {ratio:.2f} "
+        f"tokens per chunk (±{rel:.1%}, from {len(basis)} request(s) whose totals are exact)"
+    )
+    return Accounting(RATIO, note, ratio, rel)
+
+
+#: how far the server's generation counter may sit outside the received bracket: a relative
+#: part, and tokens per stream (a step's output generated, not yet read, at each /metrics read)
+COUNTER_TOLERANCE = 0.05
+COUNTER_SLACK_PER_STREAM = 8
+
+
+def counter_disagreement(result: DecodeResult) -> str | None:
+    """The server's generation counter as a referee (docs/metrics.md): the tokens received over
+    the window's span against the counter's rise over the same span. None when they agree or
+    the server has no counter; else why the cell's figures cannot be trusted."""
+    delta, span = result.generation_tokens_delta, result.received_span
+    if delta is None or span is None:
+        return None
+    lo, hi = span
+    slack = COUNTER_TOLERANCE * hi + COUNTER_SLACK_PER_STREAM * result.concurrency
+    if lo - slack <= delta <= hi + slack:
+        return None
+    if delta > hi:
+        if result.token_accounting in (CHUNK_COUNT, RATIO):
+            cause = "chunks that carry several tokens, counted without usage"
+        else:
+            cause = (
+                "another client sharing the server, or a server that goes on generating for "
+                "cancelled requests"
+            )
+    else:
+        cause = "tokens counted that the server did not generate (check the token accounting)"
+    change = f"{delta / hi - 1:+.1%}" if hi else "n/a"
+    return (
+        f"the server's generation counter rose by {delta:,.0f} tokens over the window while "
+        f"{lo:,}–{hi:,} were received ({change}): likely {cause}"
+    )
+
+
+def ended_early(rec: StreamRecord, max_output: int) -> bool:
+    """A finished request that really ended before max output: a finish reason other than
+    ``length``, or (no finish reason) fewer tokens than asked, counted exactly."""
+    if rec.finish_reason is not None:
+        return rec.finish_reason != "length"
+    return rec.count_method in EXACT and rec.n_tokens < max_output
 
 
 def server_queued(waiting: list[float], running: list[float], n: int) -> bool:

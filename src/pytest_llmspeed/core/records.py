@@ -63,6 +63,7 @@ def decode_record(context: int | str, result: DecodeResult) -> CellRecord:
         received_span=tuple(result.received_span) if result.received_span else None,  # type: ignore[arg-type]
         max_output=result.max_output,
         duration_s=result.duration_s,
+        notes=(result.token_note,) if result.token_note else (),
         samples=Samples(
             ttft_ms=tuple(s.ttft_samples_ms),
             tbt_ms=tuple(s.tbt_samples_ms),

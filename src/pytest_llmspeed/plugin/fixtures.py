@@ -227,6 +227,11 @@ class CellRunner:
                 f"{record.errors} of {record.requests} requests failed "
                 f"({result.error_rate:.0%} > --llm-max-error-rate {max_rate:g})"
             )
+        from ..core.protocol import counter_disagreement
+
+        disagreement = counter_disagreement(result)
+        if disagreement:
+            return Status.FAILED, disagreement
         return None
 
     def _finish(self, record: CellRecord, again: Callable[[], CellRecord]) -> CellRecord:

@@ -13,6 +13,7 @@ HINTS = {
     "model": "Fix --llm-model.",
     "prompt_form": "(--llm-prompt-form=ids)",
     "api": "(--llm-api=completions)",
+    "max_model_len": "Give --llm-max-model-len=TOKENS, or drop max from --llm-contexts.",
 }
 
 

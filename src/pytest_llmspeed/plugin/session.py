@@ -25,7 +25,7 @@ from ..gate.baseline import Baseline, mismatches
 from ..gate.baseline import dump as dump_baseline
 from ..gate.baseline import load as load_baseline
 from ..gate.verdict import Accounting
-from ..results import CellId, CellRecord, Results, RunInfo, Status
+from ..results import MAX, CellId, CellRecord, Results, RunInfo, Status
 from .settings import Settings
 
 
@@ -50,7 +50,7 @@ class LLMSpeedRun:
         self.settings = settings
         self.bench: Bench | None = None
         self.base_url: str | None = None
-        self.notes: list[str] = []
+        self.notes: list[str] = list(settings.notes)
         self.cells: dict[str, CellRecord] = {}
         self._sim: contextlib.ExitStack | None = None
         self.started = False
@@ -95,6 +95,7 @@ class LLMSpeedRun:
                 timeout=s.timeout,
                 kv_capacity=s.kv_capacity,
                 kv_capacity_source="--llm-kv-capacity",
+                max_model_len=s.max_model_len,
             )
         )
         try:
@@ -102,8 +103,16 @@ class LLMSpeedRun:
         except BaseException:
             self.stop()
             raise
-        assert self.bench.dialect is not None
+        assert self.bench.dialect is not None and self.bench.server is not None
+        self.notes.extend(self.bench.server.notes)
         self.notes.extend(self.bench.dialect.notes)
+        if self.bench.server.max_model_len is None and MAX in (*s.contexts, *s.prefill_contexts):
+            self.stop()
+            raise LLMSpeedError(
+                "the context 'max' needs the server's max_model_len, which it does not report "
+                "(not in /v1/models, nor in a /tokenize answer)",
+                setting="max_model_len",
+            )
         if self.bench.server and self.bench.server.kv_capacity is None:
             self.notes.append("KV capacity unknown: every cell ran (no over-capacity skips)")
         self.write_results()

@@ -5,9 +5,12 @@ Precedence, lowest first: ini file < environment < command line.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -90,6 +93,11 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("max-output", "max_tokens of every decode request", default="4096"),
     Option("kv-capacity", "KV-cache capacity in tokens (default: read from the server)"),
+    Option(
+        "max-model-len",
+        "the server's max_model_len in tokens, for servers that do not report it (default: "
+        "read from /v1/models, else from /tokenize)",
+    ),
     Option("results", "write JSON results to this path, rewritten after every cell"),
     Option(
         "timeout",
@@ -150,6 +158,7 @@ class Settings:
     prefill_repeats: int = 1
     max_output: int = 4096
     kv_capacity: int | None = None
+    max_model_len: int | None = None
     results: str | None = None
     timeout: float = 120.0
     max_error_rate: float = 0.05
@@ -159,6 +168,7 @@ class Settings:
     confirm: int = 1
     baseline_missing: str = "fail"
     builtin_suite: str = "auto"
+    notes: tuple[str, ...] = ()  # what the settings decided that the user should know
 
     @property
     def is_sim(self) -> bool:
@@ -181,6 +191,7 @@ class Settings:
             "prefill_repeats": self.prefill_repeats,
             "max_output": self.max_output,
             "kv_capacity_option": self.kv_capacity,
+            "max_model_len_option": self.max_model_len,
             "timeout_s": self.timeout,
             "max_error_rate": self.max_error_rate,
             "baseline": self.baseline,
@@ -260,7 +271,38 @@ def load(config: pytest.Config) -> Settings:
         )
     if values["prefill_contexts"] is None:
         values["prefill_contexts"] = values["contexts"]
-    return Settings(**{k: v for k, v in values.items() if v is not None})
+    notes = []
+    base = endpoint.rstrip("/")
+    if base.startswith("http") and base.endswith("/v1"):
+        # the base URL as the OpenAI SDK and server docs write it: the same server
+        values["endpoint"] = base.removesuffix("/v1")
+        notes.append(
+            f"--llm-endpoint ends in /v1, the API's path: measuring the server at "
+            f"{values['endpoint']}"
+        )
+    for key in ("results", "save_baseline"):
+        if values[key] is not None:
+            opt = next(o for o in OPTIONS if o.dest == f"llm_{key}")
+            problem = unwritable(values[key])
+            if problem:
+                raise _bad(raw_value(config, opt)[1], values[key], problem)
+    settings = Settings(**{k: v for k, v in values.items() if v is not None})
+    return dataclasses.replace(settings, notes=tuple(notes))
+
+
+def unwritable(path: str) -> str | None:
+    """Why a file cannot be written at ``path`` (its folder is created if it does not exist
+    yet), or None. Checked before any cell runs, so a run never measures for nothing."""
+    target = Path(path)
+    if target.is_dir():
+        return "is a folder: give a file name"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".llmspeed-check-"):
+            pass
+    except OSError as exc:
+        return f"cannot write there ({exc.strerror or exc}): choose a writable path"
+    return None
 
 
 def _convert(key: str, value: str) -> Any:
@@ -282,7 +324,7 @@ def _convert(key: str, value: str) -> Any:
         if not value.strip().isdigit() or int(value) < 1:
             raise ValueError("must be a whole number of requests ≥ 1")
         return int(value)
-    if key in ("max_output", "kv_capacity"):
+    if key in ("max_output", "kv_capacity", "max_model_len"):
         if not value.strip().isdigit() or int(value) < 1:
             raise ValueError("must be a whole number of tokens ≥ 1")
         return int(value)

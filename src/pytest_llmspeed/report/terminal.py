@@ -86,6 +86,8 @@ def decode_matrix(cells: list[CellRecord], width: int) -> list[str]:
         if not c.measured or c.total_tok_s is None:
             return c.status.label
         mark = " ✗" if c.status is Status.FAILED else ""
+        if c.tokens == "chunk-count":
+            mark += " ≈"  # one token per chunk assumed
         return f"{fmt_rate(c.total_tok_s)} · {fmt_ms(c.ttft_ms)}{mark}"
 
     def rate(c: CellRecord) -> str:
@@ -160,7 +162,12 @@ def cell_flags(c: CellRecord) -> list[str]:
             f"{c.effective_concurrency} < {c.concurrency})"
         )
     if c.tokens == "chunk-count":
-        why.append("tokens counted per chunk (estimate: no usage in stream)")
+        why.append(
+            "ONE TOKEN PER CHUNK ASSUMED: an estimate (no usage in stream, no request "
+            "finished at max_tokens)"
+        )
+    elif c.tokens == "ratio":
+        why.extend(n.removeprefix("tokens: ") for n in c.notes if n.startswith("tokens: "))
     if c.early_stops:
         why.append(f"{c.early_stops} request(s) ended before max output")
     if (c.stability_cv or 0) > 0.1:

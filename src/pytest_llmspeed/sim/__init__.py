@@ -24,6 +24,9 @@ DEFAULT_PROFILE = "tiny"
 QUIRKS = {
     "no-vendor-fields": "answer HTTP 422 to requests with ignore_eos or min_tokens",
     "no-stream-usage": "ignore stream_options: no usage in streamed chunks",
+    "final-usage-only": "ignore continuous_usage_stats: usage only in the stream's last chunk",
+    "models-500": "answer HTTP 500 on /v1/models (transformers serve offline does)",
+    "no-tokenize": "answer HTTP 404 on /tokenize (llama-cpp-python's server has none)",
     "no-metrics": "answer HTTP 404 on /metrics",
     "text-only": "answer HTTP 400 to prompts given as token ids",
 }

@@ -710,6 +710,8 @@ class SimServer:
                     )
         if "no-stream-usage" in self.quirks:
             body.pop("stream_options", None)
+        if "final-usage-only" in self.quirks and isinstance(body.get("stream_options"), dict):
+            body["stream_options"].pop("continuous_usage_stats", None)
         n = body.get("n", 1)
         if n != 1:
             raise _bad("llmspeed-sim supports only n = 1", "n")
@@ -806,6 +808,10 @@ class SimServer:
         return web.json_response({"version": self.profile.version})
 
     async def models(self, request: web.Request) -> web.Response:
+        if "models-500" in self.quirks:
+            raise ApiError(
+                500, "Internal Server Error: cannot list models offline", "InternalError"
+            )
         return web.json_response(
             {
                 "object": "list",
@@ -825,6 +831,8 @@ class SimServer:
         )
 
     async def tokenize(self, request: web.Request) -> web.Response:
+        if "no-tokenize" in self.quirks:
+            raise ApiError(404, "Not Found", "NotFoundError")
         body = await self._json_body(request)
         if "messages" in body:
             ids = await self._chat_ids(body)

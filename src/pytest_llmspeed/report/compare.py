@@ -1,0 +1,245 @@
+"""Two runs side by side — before and after an upgrade — with a verdict per cell.
+
+Pure functions of two :class:`~pytest_llmspeed.results.Results`. Each cell's headline figure
+(total tok/s for decode, prompt tok/s for prefill) is compared; a change is a regression or an
+improvement only beyond a threshold that uses the cell's own noise:
+
+    threshold = max(tolerance, 3 × √(se_old² + se_new²))
+
+where ``se`` is the relative standard error of the figure in its run: for a decode cell the
+coefficient of variation of its per-second throughput over √(seconds measured), and the spread
+of its attempts when it was measured again; for a prefill cell with repeats, the spread of its
+cold requests over √n. A cell with no noise estimate (one cold request) gets the tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from enum import Enum
+
+from tabulate import tabulate
+
+from ..results import CellRecord, Phase, Results, order_contexts
+
+DEFAULT_TOLERANCE = 0.05
+#: run settings whose difference makes two runs measure different things
+SETTINGS = ("api", "prompt_form", "max_output", "duration_s", "prefill_repeats")
+
+
+class Verdict(Enum):
+    REGRESSION = "regression"
+    IMPROVEMENT = "improvement"
+    WITHIN_NOISE = "within noise"
+    ONLY_OLD = "only in the old run"
+    ONLY_NEW = "only in the new run"
+    NOT_MEASURED = "not measured in both"
+
+
+@dataclass(frozen=True)
+class CellChange:
+    cid: str
+    context: str
+    concurrency: int | None  # None: prefill
+    metric: str
+    old: float | None
+    new: float | None
+    threshold: float | None
+    verdict: Verdict
+    why: str = ""  # the statuses, when a side has no figure
+
+    @property
+    def change(self) -> float | None:
+        if self.old is None or self.new is None or self.old == 0:
+            return None
+        return self.new / self.old - 1
+
+
+@dataclass(frozen=True)
+class Comparison:
+    old_label: str
+    new_label: str
+    differences: tuple[str, ...]  # expected (engine version) and not (settings, model)
+    warnings: tuple[str, ...]
+    cells: tuple[CellChange, ...]
+
+    def count(self, verdict: Verdict) -> int:
+        return sum(1 for c in self.cells if c.verdict is verdict)
+
+    @property
+    def regressions(self) -> list[CellChange]:
+        return [c for c in self.cells if c.verdict is Verdict.REGRESSION]
+
+
+def headline(cell: CellRecord) -> tuple[str, float | None]:
+    if cell.phase is Phase.PREFILL:
+        return "prompt_tok_s", cell.prompt_tok_s if cell.measured else None
+    return "total_tok_s", cell.total_tok_s if cell.measured else None
+
+
+def relative_noise(cell: CellRecord) -> float | None:
+    """The relative standard error of a cell's headline figure within its run, or None."""
+    parts: list[float] = []
+    if cell.phase is Phase.DECODE and cell.stability_cv and cell.measured_s:
+        parts.append(cell.stability_cv / math.sqrt(max(cell.measured_s, 1.0)))
+    metric, value = headline(cell)
+    attempts = [a.get(metric) for a in cell.attempts]
+    numbers = [float(v) for v in attempts if isinstance(v, int | float)]
+    if len(numbers) >= 2 and value:
+        parts.append(
+            statistics.stdev(numbers) / statistics.fmean(numbers) / math.sqrt(len(numbers))
+        )
+    if cell.phase is Phase.PREFILL and cell.samples and len(cell.samples.ttft_ms) >= 2:
+        ttfts = cell.samples.ttft_ms
+        parts.append(statistics.stdev(ttfts) / statistics.fmean(ttfts) / math.sqrt(len(ttfts)))
+    return max(parts) if parts else None
+
+
+def compare(old: Results, new: Results, tolerance: float = DEFAULT_TOLERANCE) -> Comparison:
+    """Every cell of either run, with both values, the change and a verdict."""
+    o, n = old.run, new.run
+    differences: list[str] = []
+    warnings: list[str] = []
+    if o.model != n.model:
+        warnings.append(f"comparing two different models: {o.model} (old), {n.model} (new)")
+    if o.engine != n.engine:
+        warnings.append(f"engine {o.engine} (old), {n.engine} (new)")
+    if o.engine_version != n.engine_version:
+        differences.append(
+            f"engine version {o.engine_version} → {n.engine_version} (an upgrade changes it)"
+        )
+    for key in SETTINGS:
+        a, b = o.settings.get(key), n.settings.get(key)
+        if a is not None and b is not None and a != b:
+            warnings.append(f"setting {key}: {a} (old), {b} (new): the cells measure other things")
+    for key in sorted(set(o.metadata) | set(n.metadata)):
+        a, b = o.metadata.get(key), n.metadata.get(key)
+        if a != b:
+            differences.append(f"{key}: {a or '—'} → {b or '—'}")
+    old_cells = {str(c.id): c for c in old.cells}
+    new_cells = {str(c.id): c for c in new.cells}
+    order = list(old_cells) + [cid for cid in new_cells if cid not in old_cells]
+    changes = []
+    for cid in order:
+        a, b = old_cells.get(cid), new_cells.get(cid)
+        ref = b or a
+        assert ref is not None
+        metric, _ = headline(ref)
+        va = headline(a)[1] if a else None
+        vb = headline(b)[1] if b else None
+        threshold = None
+        why = ""
+        if va is not None and vb is not None:
+            noises = [x for x in (relative_noise(a), relative_noise(b)) if x is not None]  # type: ignore[arg-type]
+            threshold = max(tolerance, 3 * math.sqrt(sum(x * x for x in noises)))
+            change = vb / va - 1
+            if change < -threshold:
+                verdict = Verdict.REGRESSION
+            elif change > threshold:
+                verdict = Verdict.IMPROVEMENT
+            else:
+                verdict = Verdict.WITHIN_NOISE
+        elif a is None:
+            verdict = Verdict.ONLY_NEW
+        elif b is None:
+            verdict = Verdict.ONLY_OLD
+        else:
+            verdict = Verdict.NOT_MEASURED
+            why = f"{a.status.value} (old), {b.status.value} (new)"
+        changes.append(
+            CellChange(
+                cid,
+                ref.context,
+                ref.id.concurrency,
+                metric,
+                va,
+                vb,
+                threshold,
+                verdict,
+                why,
+            )
+        )
+    return Comparison(
+        old_label=f"{o.model} · {o.engine} {o.engine_version or '?'} · {o.started}",
+        new_label=f"{n.model} · {n.engine} {n.engine_version or '?'} · {n.started}",
+        differences=tuple(differences),
+        warnings=tuple(warnings),
+        cells=tuple(changes),
+    )
+
+
+def fmt_change(change: float | None) -> str:
+    return "—" if change is None else f"{change:+.1%}".replace("-", "−")
+
+
+def summary_line(cmp: Comparison) -> str:
+    counts = ", ".join(f"{cmp.count(v)} {v.value}" for v in Verdict if cmp.count(v))
+    return f"{len(cmp.cells)} cell(s): {counts}"
+
+
+def lines(cmp: Comparison, old_path: str) -> list[str]:
+    """The comparison in the terminal: what differs, the counts, each regression and
+    improvement."""
+    out = ["", f"Compared with {old_path} ({cmp.old_label})"]
+    out += [f"  warning: {w}" for w in cmp.warnings]
+    out += [f"  {d}" for d in cmp.differences]
+    out.append("  " + summary_line(cmp))
+    for c in cmp.cells:
+        if c.verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
+            word = "REGRESSION " if c.verdict is Verdict.REGRESSION else "improvement"
+            assert c.old is not None and c.new is not None and c.threshold is not None
+            out.append(
+                f"  {word} {c.cid} {c.metric} {c.old:,.1f} → {c.new:,.1f}: "
+                f"{fmt_change(c.change)} (noise threshold ±{c.threshold:.1%})"
+            )
+    return out
+
+
+def change_matrix(cmp: Comparison) -> tuple[list[str], list[tuple[str, list[CellChange | None]]]]:
+    """Rows (prefill first, then each decode context) × columns (prefill, concurrencies)."""
+    decode = [c for c in cmp.cells if c.concurrency is not None]
+    prefill = {c.context: c for c in cmp.cells if c.concurrency is None}
+    columns = sorted({c.concurrency for c in decode if c.concurrency is not None})
+    by = {(c.context, c.concurrency): c for c in decode}
+    contexts: list[str] = []
+    for c in cmp.cells:
+        if c.context not in contexts:
+            contexts.append(c.context)
+    rows = [(ctx, [prefill.get(ctx), *[by.get((ctx, n)) for n in columns]]) for ctx in contexts]
+    return ["prefill", *[str(n) for n in columns]], rows
+
+
+def markdown(cmp: Comparison, old_path: str, new_path: str) -> str:
+    """The comparison as Markdown (a job summary, a pull-request comment)."""
+    header, rows = change_matrix(cmp)
+
+    def show(c: CellChange | None) -> str:
+        if c is None:
+            return ""
+        if c.change is None:
+            return c.verdict.value
+        mark = {Verdict.REGRESSION: " ❌", Verdict.IMPROVEMENT: " ✅"}.get(c.verdict, "")
+        return fmt_change(c.change) + mark
+
+    table = tabulate(
+        [[ctx, *[show(c) for c in cells]] for ctx, cells in rows],
+        headers=["Context", *header],
+        tablefmt="github",
+        disable_numparse=True,
+    )
+    parts = [f"## LLM speed: {new_path} compared with {old_path}", ""]
+    parts += [f"> warning: {w}" for w in cmp.warnings]
+    parts += [f"- {d}" for d in cmp.differences]
+    parts += ["", f"**{summary_line(cmp)}**", "", table, ""]
+    regressions = [c for c in cmp.cells if c.verdict is Verdict.REGRESSION]
+    if regressions:
+        parts += ["**Regressions**", ""]
+        parts += [
+            f"- `{c.cid}` {c.metric} {c.old:,.1f} → {c.new:,.1f}: {fmt_change(c.change)}"
+            for c in regressions
+        ]
+    return "\n".join(parts) + "\n"
+
+
+__all__ = ["CellChange", "Comparison", "Verdict", "compare", "lines", "markdown", "order_contexts"]

@@ -1,0 +1,413 @@
+"""The speed-test page: one self-contained HTML file, in the order of the published reference.
+
+A pure function of :class:`~pytest_llmspeed.results.Results` (and, optionally, a comparison
+with an earlier run). Jinja2 renders it with autoescaping on — the page shows text from the
+server (model names, error messages) and from the user (metadata, a launch command), so
+escaping is not left to each call site. Styles are inline, charts are inline SVG
+(:mod:`.charts`), and nothing is loaded from anywhere: the file opens offline, from
+``file://``, years later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from ..results import CellRecord, Outcome, Phase, Results, Status, order_contexts
+from .charts import Series, line_chart
+from .compare import Comparison, Verdict, change_matrix, fmt_change
+from .terminal import cell_flags, fmt_ms, fmt_rate, fmt_tbt
+
+PREFILL_HINT = (
+    "prompt tok/s by context length: the first request at each context, on a cold cache "
+    "(its prefix never sent before), measured during the decode warm-up; TTFT beside it"
+)
+
+
+@dataclass(frozen=True)
+class Page:
+    """What a person sends to a colleague."""
+
+    html: str
+
+    def write(self, path: str) -> None:
+        """Write the page atomically (a browser never opens half a file)."""
+        import os
+        import tempfile
+        from pathlib import Path
+
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".llmspeed-", suffix=".html")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(self.html)
+        os.replace(tmp, target)
+
+
+def _environment() -> Any:
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.FunctionLoader(
+            lambda name: (
+                resources.files(__package__).joinpath("templates", name).read_text(encoding="utf-8")
+            )
+        ),
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        undefined=jinja2.StrictUndefined,
+    )
+
+
+def _badge(cell: CellRecord) -> tuple[str, str]:
+    gate = cell.gate
+    if gate is None:
+        return "", ""
+    if gate.outcome is Outcome.REGRESSION:
+        return "regression", "bad"
+    if gate.outcome is Outcome.IMPROVEMENT:
+        return "improved", "good"
+    if gate.outcome is Outcome.PASS:
+        return "gate passed", "good"
+    return "", ""
+
+
+def _span(labels: list[str]) -> str:
+    return labels[0] if len(labels) == 1 else f"{labels[0]}–{labels[-1]}"
+
+
+def _subtitle(results: Results) -> str:
+    run = results.run
+    decode = results.phase(Phase.DECODE)
+    prefill = results.phase(Phase.PREFILL)
+    parts = [f"{run.engine or 'engine ?'} {run.engine_version or ''}".strip()]
+    if decode:
+        ctx = [c.context_display or c.context for c in decode]
+        labels = list(dict.fromkeys(ctx))
+        conc = sorted({c.concurrency for c in decode})
+        parts.append(
+            f"{len(labels)} context(s) ({_span(labels)}) × {len(conc)} concurrency level(s) "
+            f"({_span([str(n) for n in conc])})"
+        )
+    if prefill:
+        labels = list(dict.fromkeys(c.context_display or c.context for c in prefill))
+        parts.append("prefill at " + ", ".join(labels))
+    return " · ".join(parts)
+
+
+def _blocks(results: Results) -> list[dict[str, Any]]:
+    run = results.run
+    s = run.settings
+    meta = dict(run.metadata)
+    hardware = [(k, meta.pop(k)) for k in list(meta) if k.lower() in _HARDWARE_KEYS]
+    cap = f"{run.kv_capacity:,} tokens" if run.kv_capacity else "unknown"
+    blocks = []
+    if hardware:
+        blocks.append({"heading": "Hardware", "rows": hardware})
+    engine_rows = [("Engine", run.engine or "—"), ("Version", run.engine_version or "—")]
+    engine_rows += [(k, v) for k, v in meta.items()]
+    blocks.append({"heading": "Engine", "rows": engine_rows})
+    prompt = {"ids": "token-id", "text": "text (sized with /tokenize)"}.get(
+        str(run.prompt_form), str(run.prompt_form)
+    )
+    repeats = s.get("prefill_repeats", 1)
+    blocks.append(
+        {
+            "heading": "Run",
+            "rows": [
+                ("Served model", run.model or "—"),
+                ("Max model len", f"{run.max_model_len:,}" if run.max_model_len else "unknown"),
+                ("KV capacity", f"{cap} ({run.kv_capacity_source or '?'})"),
+                ("API", f"{run.api or s.get('api', '—')} ({prompt} prompts)"),
+                ("Decode test", "Fixed duration"),
+                ("Time per measurement", f"{s.get('duration_s', '?')} s"),
+                ("Max output", f"{s.get('max_output', '?'):,} tokens"),
+                (
+                    "Prefill mode",
+                    "Measured during decode warm-up"
+                    + (f" (median of {repeats} cold requests)" if repeats != 1 else ""),
+                ),
+                ("Endpoint", run.endpoint),
+                ("Benchmark tool", run.tool),
+                ("Measured", run.started),
+            ],
+        }
+    )
+    return blocks
+
+
+_HARDWARE_KEYS = {"hardware", "gpu", "gpus", "vram", "cpu", "os", "type", "accelerator", "memory"}
+
+
+def _prefill_rows(cells: list[CellRecord]) -> list[dict[str, str]]:
+    rows = []
+    for c in cells:
+        label = (
+            c.context
+            if not c.context_display or c.context_display == c.context
+            else (f"{c.context} ({c.context_display})")
+        )
+        badge, badge_cls = _badge(c)
+        if c.measured:
+            rows.append(
+                {
+                    "context": label,
+                    "rate": fmt_rate(c.prompt_tok_s),
+                    "ttft": f"{fmt_ms(c.ttft_ms)} TTFT",
+                    "cls": "failed bad" if c.status is Status.FAILED else "",
+                    "badge": badge,
+                    "badge_cls": badge_cls,
+                }
+            )
+        else:
+            rows.append(
+                {
+                    "context": label,
+                    "rate": c.status.label,
+                    "ttft": "",
+                    "cls": "skip",
+                    "badge": "",
+                    "badge_cls": "",
+                }
+            )
+    return rows
+
+
+def _matrix(cells: list[CellRecord]) -> tuple[list[int], list[dict[str, Any]]]:
+    columns = sorted({c.concurrency for c in cells})
+    by = {(c.context, c.concurrency): c for c in cells}
+    rows = []
+    for ctx in order_contexts(cells):
+        shown = next((c.context_display for c in cells if c.context == ctx), None)
+        label = f"{ctx} ({shown})" if shown and shown != ctx else ctx
+        row = []
+        for n in columns:
+            c = by.get((ctx, n))
+            if c is None:
+                row.append({"rate": "", "text": ""})
+            elif not c.measured or c.total_tok_s is None:
+                row.append({"rate": "", "text": c.status.label})
+            else:
+                badge, badge_cls = _badge(c)
+                if c.tokens == "chunk-count":
+                    badge, badge_cls = "≈ 1 token per chunk assumed", "warn"
+                row.append(
+                    {
+                        "rate": fmt_rate(c.total_tok_s),
+                        "ttft": f"{fmt_ms(c.ttft_ms)} TTFT",
+                        "cls": "failed" if c.status is Status.FAILED else "",
+                        "badge": badge,
+                        "badge_cls": badge_cls,
+                    }
+                )
+        rows.append({"label": label, "cells": row})
+    return columns, rows
+
+
+def _charts(results: Results) -> list[str]:
+    decode = [c for c in results.phase(Phase.DECODE) if c.measured]
+    prefill = [c for c in results.phase(Phase.PREFILL) if c.measured]
+
+    def by_context(metric: str) -> list[Series]:
+        out = []
+        for ctx in order_contexts(decode):
+            points = tuple(
+                (float(c.concurrency), float(v))
+                for c in sorted(decode, key=lambda c: c.concurrency)
+                if c.context == ctx and (v := getattr(c, metric)) is not None
+            )
+            out.append(Series(ctx, points))
+        return out
+
+    def conc(x: float) -> str:
+        return f"{x:g}"
+
+    charts = [
+        line_chart(
+            "Total tok/s against requests in flight",
+            by_context("total_tok_s"),
+            "requests in flight (log₂)",
+            "total output tok/s",
+            log2_x=True,
+            x_format=conc,
+            y_unit=" tok/s",
+        ),
+        line_chart(
+            "Per-request tok/s against requests in flight",
+            by_context("per_request_tok_s"),
+            "requests in flight (log₂)",
+            "tok/s seen by one request",
+            log2_x=True,
+            x_format=conc,
+            y_unit=" tok/s",
+        ),
+        line_chart(
+            "Decode TTFT against requests in flight (warm prefix)",
+            by_context("ttft_ms"),
+            "requests in flight (log₂)",
+            "median TTFT (ms)",
+            log2_x=True,
+            x_format=conc,
+            y_unit=" ms",
+        ),
+    ]
+    if prefill:
+        ordered = sorted(prefill, key=lambda c: c.context_tokens or 0)
+        tokens = [float(c.context_tokens or 0) for c in ordered]
+
+        def k(x: float) -> str:
+            return f"{x / 1024:g}K"
+
+        charts.append(
+            line_chart(
+                "Prefill tok/s against context (cold cache)",
+                [
+                    Series(
+                        "prompt tok/s",
+                        tuple(zip(tokens, [c.prompt_tok_s or 0.0 for c in ordered], strict=True)),
+                    )
+                ],
+                "context (tokens, log₂)",
+                "prompt tok/s",
+                log2_x=True,
+                x_format=k,
+                y_unit=" tok/s",
+            )
+        )
+        charts.append(
+            line_chart(
+                "Prefill TTFT against context (cold cache)",
+                [
+                    Series(
+                        "TTFT", tuple(zip(tokens, [c.ttft_ms or 0.0 for c in ordered], strict=True))
+                    )
+                ],
+                "context (tokens, log₂)",
+                "TTFT (ms)",
+                log2_x=True,
+                x_format=k,
+                y_unit=" ms",
+            )
+        )
+    return charts
+
+
+DETAILS_HEADER = [
+    "Phase", "Context", "Requests at once", "Status", "Total tok/s", "Per request tok/s",
+    "TTFT", "TTFT p90", "TTFT p99", "Time between tokens", "TBT p90", "TBT p99",
+    "Average active requests", "Completed requests", "Output tokens", "Measured for", "Notes",
+]  # fmt: skip
+
+
+def _details(cells: list[CellRecord]) -> list[list[str]]:
+    rows = []
+    for c in cells:
+        phase = "Prefill" if c.phase is Phase.PREFILL else "Sustained decode"
+        notes = [*(cell_flags(c) if c.phase is Phase.DECODE else []), *c.notes]
+        if c.reason:
+            notes.insert(0, c.reason)
+        head = [phase, c.context_display or c.context, str(c.concurrency), c.status.label]
+        if not c.measured:
+            rows.append([*head, *["—"] * 12, "; ".join(notes)])
+        elif c.phase is Phase.PREFILL:
+            rows.append(
+                [
+                    *head,
+                    fmt_rate(c.prompt_tok_s),
+                    "—",
+                    fmt_ms(c.ttft_ms),
+                    *["—"] * 6,
+                    str(c.completed or 1),
+                    "—",
+                    "—",
+                    "; ".join(notes),
+                ]
+            )
+        else:
+            rows.append(
+                [
+                    *head,
+                    fmt_rate(c.total_tok_s),
+                    fmt_rate(c.per_request_tok_s),
+                    fmt_ms(c.ttft_ms),
+                    fmt_ms(c.ttft_p90_ms),
+                    fmt_ms(c.ttft_p99_ms),
+                    fmt_tbt(c.tbt_ms),
+                    fmt_tbt(c.tbt_p90_ms),
+                    fmt_tbt(c.tbt_p99_ms),
+                    f"{c.avg_active or 0:.1f}",
+                    str(c.completed),
+                    f"{c.output_tokens or 0:,}",
+                    f"{c.measured_s or 0:.1f} s",
+                    "; ".join(notes),
+                ]
+            )
+    return rows
+
+
+def _comparison(cmp: Comparison) -> dict[str, Any]:
+    header, rows = change_matrix(cmp)
+    cls = {Verdict.REGRESSION: "delta-bad", Verdict.IMPROVEMENT: "delta-good"}
+
+    def cell(c: Any) -> dict[str, str]:
+        if c is None:
+            return {"text": "", "cls": "", "hover": ""}
+        if c.change is None:
+            return {"text": c.verdict.value, "cls": "skip", "hover": c.why}
+        hover = (
+            f"{c.cid}: {c.old:,.1f} → {c.new:,.1f} {c.metric} ({c.verdict.value}, noise "
+            f"threshold ±{c.threshold:.1%})"
+        )
+        return {"text": fmt_change(c.change), "cls": cls.get(c.verdict, ""), "hover": hover}
+
+    lines = [{"text": f"warning: {w}", "cls": "warn"} for w in cmp.warnings]
+    lines += [{"text": d, "cls": "sub"} for d in cmp.differences]
+    counts = ", ".join(f"{cmp.count(v)} {v.value}" for v in Verdict if cmp.count(v))
+    lines.append({"text": f"{len(cmp.cells)} cell(s): {counts}", "cls": ""})
+    return {
+        "old_label": cmp.old_label,
+        "header": lines,
+        "columns": header,
+        "rows": [{"label": ctx, "cells": [cell(c) for c in cells]} for ctx, cells in rows],
+    }
+
+
+def render_page(results: Results, comparison: Comparison | None = None) -> Page:
+    """The page of one run (and its comparison with an earlier one)."""
+    from ..results import SCHEMA
+
+    run = results.run
+    cells = list(results.cells)
+    decode = [c for c in cells if c.phase is Phase.DECODE]
+    prefill = [c for c in cells if c.phase is Phase.PREFILL]
+    where = run.metadata.get("hardware") or run.metadata.get("gpu") or run.engine or "a server"
+    columns, matrix_rows = _matrix(decode)
+    template = _environment().get_template("page.html.j2")
+    html = template.render(
+        tool=run.tool,
+        title=f"{run.model or 'model ?'} on {where}",
+        subtitle=_subtitle(results),
+        measured=run.started,
+        blocks=_blocks(results),
+        launch_command=run.launch_command,
+        comparison=_comparison(comparison) if comparison else None,
+        prefill_hint=PREFILL_HINT,
+        prefill_rows=_prefill_rows(prefill),
+        matrix_columns=columns,
+        matrix_rows=matrix_rows,
+        charts=[_markup(c) for c in _charts(results)],
+        details_header=DETAILS_HEADER,
+        details_rows=_details(cells),
+        notes=list(run.notes),
+        schema=SCHEMA,
+    )
+    return Page(html)
+
+
+def _markup(svg: str) -> Any:
+    """SVG made by :mod:`.charts` (which escapes every text it puts in) as safe markup."""
+    import markupsafe
+
+    return markupsafe.Markup(svg)
