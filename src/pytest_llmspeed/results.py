@@ -625,10 +625,17 @@ class Results:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(self.dumps())
+            os.chmod(tmp, 0o666 & ~_umask())  # as open() would make it, not mkstemp's 0600
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def loads(text: str, source: str = "<string>") -> Results:

@@ -58,7 +58,9 @@ def pytest_runtest_logreport(report):
 """
 
 
-def test_key_rejected_in_the_middle_of_the_run_stops_it_and_keeps_the_cells(pytester, sim_process):
+def test_key_rejected_in_the_middle_of_the_run_stops_it_and_keeps_the_cells(
+    results_doc, pytester, sim_process
+):
     _, url = sim_process
     pytester.syspathinsert()
     pytester.makepyfile(
@@ -91,7 +93,7 @@ def test_key_rejected_in_the_middle_of_the_run_stops_it_and_keeps_the_cells(pyte
     )
     assert KEY not in text and "Traceback" not in text
     assert result.duration < 30  # stopped at the rejection, not at --llm-timeout
-    cells = {c["id"]: c for c in json.loads((pytester.path / "out.json").read_text())["cells"]}
+    cells = results_doc("out.json")["by_id"]
     assert cells["decode[1K-c1]"]["status"] == "valid"  # measured before the key changed
     assert cells["decode[1K-c2]"]["status"] == "error"
     assert "API key rejected" in cells["decode[1K-c2]"]["reason"]
@@ -100,7 +102,7 @@ def test_key_rejected_in_the_middle_of_the_run_stops_it_and_keeps_the_cells(pyte
 
 
 def test_server_killed_after_a_cell_stops_the_run_and_keeps_what_was_measured(
-    pytester, sim_process
+    results_doc, pytester, sim_process
 ):
     proc, url = sim_process
     pytester.syspathinsert()
@@ -130,7 +132,7 @@ def test_server_killed_after_a_cell_stops_the_run_and_keeps_what_was_measured(
     outcomes = result.parseoutcomes()
     assert outcomes["passed"] == 1
     assert outcomes.get("failed", 0) + outcomes.get("errors", 0) == 1
-    cells = {c["id"]: c for c in json.loads((pytester.path / "out.json").read_text())["cells"]}
+    cells = results_doc("out.json")["by_id"]
     assert cells["decode[1K-c1]"]["status"] == "valid"
     assert cells["decode[1K-c2]"]["status"] == "error"
     assert "decode[2K-c1]" not in cells  # never started: the run stopped
@@ -242,7 +244,7 @@ def run_broken_after_warm_up(pytester, faults, *args):
     )
 
 
-def test_stalled_streams_fail_the_cell_naming_the_timeout(pytester):
+def test_stalled_streams_fail_the_cell_naming_the_timeout(results_doc, pytester):
     # every decode request stalls after its first tokens for longer than --llm-timeout: the
     # cell fails with the count, the reason and the option to change
     result = run_broken_after_warm_up(
@@ -259,18 +261,18 @@ def test_stalled_streams_fail_the_cell_naming_the_timeout(pytester):
             "*× no data for 1 s (stalled stream) (--llm-timeout)"
         ]
     )
-    cell = json.loads((pytester.path / "out.json").read_text())["cells"][-1]
+    cell = results_doc("out.json")["cells"][-1]
     assert cell["id"] == "decode[1K-c2]" and cell["status"] == "failed"
     assert cell["errors"] >= 2 and "stalled stream" in cell["reason"]
     assert 'name="status" value="failed"' in (pytester.path / "out.xml").read_text()
 
 
-def test_bursts_of_503_fail_the_cell_with_the_servers_answer(pytester):
+def test_bursts_of_503_fail_the_cell_with_the_servers_answer(results_doc, pytester):
     result = run_broken_after_warm_up(
         pytester, "burst503=1,burst_s=30", "--llm-duration=2", "--llm-max-output=64"
     )
     result.assert_outcomes(failed=1, deselected=1)
     result.stdout.fnmatch_lines(["*decode[[]1K-c2[]]: *HTTP 503*"])
     assert "Traceback" not in result.stdout.str()
-    cell = json.loads((pytester.path / "out.json").read_text())["cells"][-1]
+    cell = results_doc("out.json")["cells"][-1]
     assert cell["status"] in ("failed", "error") and "HTTP 503" in cell["reason"]

@@ -38,7 +38,7 @@ def test_same_server_passes_the_gate(pytester, baseline):
     result.stdout.fnmatch_lines(["Baseline *base.toml: 0 regression(s), *"])
 
 
-def test_slower_server_fails_exactly_the_affected_cells(pytester, baseline):
+def test_slower_server_fails_exactly_the_affected_cells(results_doc, pytester, baseline):
     result = pytester.runpytest(
         sim(0.9),
         *ARGS,
@@ -56,7 +56,7 @@ def test_slower_server_fails_exactly_the_affected_cells(pytester, baseline):
         ]
     )
     assert "Traceback" not in result.stdout.str()
-    cells = {c["id"]: c for c in json.loads((pytester.path / "out.json").read_text())["cells"]}
+    cells = results_doc("out.json")["by_id"]
     for cid in ("decode[1K-c1]", "decode[1K-c4]"):
         assert cells[cid]["status"] == "failed" and cells[cid]["baseline"] == "regressed"
         assert len(cells[cid]["attempts"]) == 2  # the miss was confirmed by a re-measurement

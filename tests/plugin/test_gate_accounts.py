@@ -1,8 +1,6 @@
 """The gate must not look away: the suite runs where the user means it, every baseline cell is
 accounted for, and what a run measures is gated whatever selected it."""
 
-import json
-
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -84,7 +82,9 @@ def full_baseline(pytester):
     return pytester.path / "b.toml"
 
 
-def test_decode_selection_still_gates_the_prefill_the_warm_up_measured(pytester, full_baseline):
+def test_decode_selection_still_gates_the_prefill_the_warm_up_measured(
+    results_doc, pytester, full_baseline
+):
     result = pytester.runpytest(
         "--llm-endpoint=sim:tiny?speed=2.8&seed=5",  # 30 % slower than the baseline's speed=4
         *MATRIX,
@@ -102,7 +102,7 @@ def test_decode_selection_still_gates_the_prefill_the_warm_up_measured(pytester,
             "  REGRESSION  prefill[[]1K[]] prompt tok/s * < floor *",
         ]
     )
-    cells = {c["id"]: c for c in json.loads((pytester.path / "out.json").read_text())["cells"]}
+    cells = results_doc("out.json")["by_id"]
     prefill = cells["prefill[1K]"]
     assert prefill["status"] == "failed" and prefill["baseline"] == "regressed"
     assert any("decode warm-up" in n for n in prefill["notes"])

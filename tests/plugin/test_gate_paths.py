@@ -3,8 +3,6 @@ and a re-measurement that passes, no confirmation, a re-measurement that errors.
 slowed for the first attempt only by its own fault hook (``PUT /sim/faults``), switched by the
 measurement having returned, not by a timer."""
 
-import json
-
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -62,7 +60,9 @@ def slow_first(pytester, after):
     return ("-p", "first_slow")
 
 
-def test_a_first_attempt_that_misses_and_a_re_measurement_that_passes(pytester, baseline):
+def test_a_first_attempt_that_misses_and_a_re_measurement_that_passes(
+    results_doc, pytester, baseline
+):
     plugin = slow_first(pytester, "none")
     result = pytester.runpytest(
         *plugin,
@@ -72,14 +72,14 @@ def test_a_first_attempt_that_misses_and_a_re_measurement_that_passes(pytester, 
         "--llm-results=o.json",
     )
     result.assert_outcomes(passed=1, deselected=1)
-    cell = json.loads((pytester.path / "o.json").read_text())["cells"][-1]
+    cell = results_doc("o.json")["cells"][-1]
     assert cell["id"] == "decode[1K-c1]" and cell["status"] == "valid"
     first, second = (a["total_tok_s"] for a in cell["attempts"])
     assert first < 0.9 * second  # the first attempt missed; the second decided
     assert cell["baseline"] in ("passed", "improved")
 
 
-def test_no_confirmation_fails_on_the_first_miss(pytester, baseline):
+def test_no_confirmation_fails_on_the_first_miss(results_doc, pytester, baseline):
     plugin = slow_first(pytester, "none")
     result = pytester.runpytest(
         *plugin,
@@ -93,7 +93,7 @@ def test_no_confirmation_fails_on_the_first_miss(pytester, baseline):
     result.stdout.fnmatch_lines(
         ["*decode[[]1K-c1[]] total tok/s * < floor * (baseline * − 5%): −*%"]
     )
-    cell = json.loads((pytester.path / "o.json").read_text())["cells"][-1]
+    cell = results_doc("o.json")["cells"][-1]
     assert cell["status"] == "failed" and "attempts" not in cell
 
 
@@ -120,7 +120,9 @@ def test_latency_ceilings(pytester):
     )
 
 
-def test_a_warm_up_prefill_whose_re_measurement_fails_is_gated_on_what_was_measured(pytester):
+def test_a_warm_up_prefill_whose_re_measurement_fails_is_gated_on_what_was_measured(
+    results_doc, pytester
+):
     (pytester.path / "b.toml").write_text(
         '[cells."prefill[1K]"]\nprompt_tok_s = 1e12\n\n[cells."decode[1K-c1]"]\ntotal_tok_s = 1.0\n'
     )
@@ -131,6 +133,6 @@ def test_a_warm_up_prefill_whose_re_measurement_fails_is_gated_on_what_was_measu
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
     result.stdout.fnmatch_lines(["  REGRESSION  prefill[[]1K[]] prompt tok/s * < floor *"])
-    cells = {c["id"]: c for c in json.loads((pytester.path / "o.json").read_text())["cells"]}
+    cells = results_doc("o.json")["by_id"]
     notes = cells["prefill[1K]"]["notes"]
     assert any(n.startswith("re-measurement failed: ") and "HTTP 503" in n for n in notes)

@@ -9,7 +9,7 @@ import pytest
 pytestmark = pytest.mark.slow  # every test here runs a matrix on the simulator
 
 
-def test_errors_mid_stream_fail_the_cell_with_a_summary(pytester):
+def test_errors_mid_stream_fail_the_cell_with_a_summary(results_doc, pytester):
     result = pytester.runpytest(
         "--llm-endpoint=sim:tiny?speed=4&faults=midstream=0.5",
         "--llm-contexts=1K",
@@ -29,7 +29,7 @@ def test_errors_mid_stream_fail_the_cell_with_a_summary(pytester):
     )
     text = result.stdout.str()
     assert "Traceback" not in text and "def test_decode" not in text
-    cell = json.loads((pytester.path / "out.json").read_text())["cells"][-1]
+    cell = results_doc("out.json")["cells"][-1]
     assert cell["status"] == "failed" and cell["errors"] > 0
     assert cell["output_tokens"] > 0  # what was measured is kept
 
@@ -52,7 +52,7 @@ def test_error_rate_threshold_is_an_option(pytester):
 # triggered by a cell having finished, not by a timer).
 
 
-def test_prompt_the_server_refuses_fails_the_cell_with_its_reason(pytester):
+def test_prompt_the_server_refuses_fails_the_cell_with_its_reason(results_doc, pytester):
     # A server that does not report max_model_len cannot be checked up front: the plugin
     # sends the prompt, and the server's refusal (HTTP 400) of a cell the arithmetic let
     # through is a failure carrying the server's message, never a skip; the decode cells of
@@ -84,7 +84,7 @@ def test_prompt_the_server_refuses_fails_the_cell_with_its_reason(pytester):
         ["*prefill[[]40K[]]: the server refused a prompt that fits (HTTP 400: *40960*"]
     )
     assert "Traceback" not in result.stdout.str()
-    cells = {c["id"]: c for c in json.loads((pytester.path / "out.json").read_text())["cells"]}
+    cells = results_doc("out.json")["by_id"]
     assert cells["prefill[40K]"]["status"] == "failed"
     assert "HTTP 400" in cells["prefill[40K]"]["reason"]
     assert cells["decode[40K-c1]"]["status"] == "skipped"  # not run

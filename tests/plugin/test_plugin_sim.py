@@ -160,7 +160,7 @@ def test_bad_sim_spec_is_a_usage_error(pytester):
     result.stderr.fnmatch_lines(["ERROR: pytest-llmspeed: *nosuchprofile*"])
 
 
-def test_cell_whose_server_queues_is_flagged(pytester):
+def test_cell_whose_server_queues_is_flagged(results_doc, pytester):
     # the simulator holds 8K tokens of KV cache but the plugin is told 1M: at 4K × 16 the shared
     # prefix (4K, cached once) and 16 × (suffix + 512 output) do not fit, so requests wait for
     # cache and the cell is marked as running below N; at 4K × 1 nothing waits
@@ -174,7 +174,7 @@ def test_cell_whose_server_queues_is_flagged(pytester):
         "--llm-results=out.json",
     )
     result.assert_outcomes(passed=3)
-    cells = {c["id"]: c for c in json.loads((pytester.path / "out.json").read_text())["cells"]}
+    cells = results_doc("out.json")["by_id"]
     assert cells["decode[4K-c16]"]["queued"] is True
     assert cells["decode[4K-c16]"]["max_waiting"] > 0
     assert cells["decode[4K-c16]"]["effective_concurrency"] < 16
@@ -207,3 +207,23 @@ def test_prefill_repeats_take_the_median_of_cold_requests(pytester):
     bench = json.loads((pytester.path / "bench.json").read_text())
     entry = next(b for b in bench["benchmarks"] if "prefill" in b["name"])
     assert entry["stats"]["rounds"] == 3
+
+
+def test_progress_lines_when_each_cell_starts_and_ends(pytester):
+    result = run_matrix(pytester, "--llm-kv-capacity=9000")
+    result.assert_outcomes(passed=5, skipped=1)
+    out = result.stdout.str()
+    starts = [ln for ln in result.stdout.lines if ln.startswith("[") and " left" in ln]
+    assert len(starts) == 6
+    result.stdout.fnmatch_lines(
+        [
+            "[[]1/6[]] prefill[[]1K[]] · cold prefill · elapsed 0:0* · about * left",
+            "[[]1/6[]] prefill[[]1K[]]: * prompt tok/s · TTFT * ms",
+            "[[]3/6[]] decode[[]1K-c1[]] · window 1 s · elapsed 0:0* · about * left",
+            "[[]3/6[]] decode[[]1K-c1[]]: * tok/s · * tok/s per request · TTFT * ms (* s)",
+            "[[]6/6[]] decode[[]4K-c4[]] Over capacity: 4 × (4K + 128) = *",
+        ]
+    )
+    assert "\r" not in out and "\x1b[" not in out  # a log, not a terminal: plain lines
+    quiet = run_matrix(pytester, "-q")
+    assert not [ln for ln in quiet.stdout.lines if ln.startswith("[1/")]

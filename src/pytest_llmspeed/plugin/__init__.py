@@ -46,10 +46,16 @@ def pytest_configure(config: pytest.Config) -> None:
             "pytest-llmspeed measures one cell at a time: two cells at once on one server give "
             "numbers that lie. Run without pytest-xdist (drop -n / --dist)."
         )
+    from ..results import ResultsError
     from .session import LLMSpeedRun
 
     try:
         config.stash[RUN_KEY] = LLMSpeedRun(conf)
+        from .progress import ProgressReporter
+
+        config.pluginmanager.register(ProgressReporter(config), "llmspeed-progress")
+    except ResultsError as exc:
+        raise pytest.UsageError(f"--llm-compare: {exc}") from None
     except BaselineError as exc:
         text = str(exc)
         if text.endswith("baseline file not found"):
@@ -96,6 +102,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     saved = run.save_baseline()
     if saved:
         run.notes.append(saved)
+    if run.started:
+        run.write_results()  # the notes of the session's end reach the file and the page
     run.stop()
 
 
@@ -243,8 +251,16 @@ def pytest_collection_modifyitems(
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     run = _run(session.config)
-    if run is not None:
-        run.selected = {str(i.stash[CELL_KEY]) for i in session.items if CELL_KEY in i.stash}
+    if run is None:
+        return
+    cells = [i.stash[CELL_KEY] for i in session.items if CELL_KEY in i.stash]
+    run.selected = {str(c) for c in cells}
+    run.node_cells = {i.nodeid: i.stash[CELL_KEY] for i in session.items if CELL_KEY in i.stash}
+    if run.started and session.config.getoption("verbose") >= 0 and cells:
+        from .progress import Progress
+
+        run.progress = Progress(run.settings.duration, len(cells))
+        run.progress.plan = [(c, run.resolve(c.context), run.skip(c) is not None) for c in cells]
 
 
 def pytest_report_collectionfinish(config: pytest.Config) -> list[str] | None:
@@ -312,10 +328,22 @@ def pytest_terminal_summary(
         missing_fails = run.settings.baseline_missing == "fail"
         for line in gate_lines(run.baseline.path, acc, missing_fails):
             terminalreporter.write_line(run.redact(line))
+    comparison = run.comparison()
+    if comparison is not None and run.settings.compare:
+        from ..report.compare import lines as compare_lines
+
+        for line in compare_lines(comparison, run.settings.compare):
+            terminalreporter.write_line(run.redact(line))
     if run.settings.results:
         terminalreporter.write_line(f"results: {run.settings.results}")
+    if run.settings.html:
+        terminalreporter.write_line(f"page: {run.settings.html}")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         text = summary(f"LLM speed: {run.server_line or run.header()[0]}", cells, run.notes)
+        if comparison is not None and run.settings.compare:
+            from ..report.compare import markdown
+
+            text += "\n" + markdown(comparison, run.settings.compare, "this run")
         with open(step_summary, "a", encoding="utf-8") as fh:
             fh.write(run.redact(text))

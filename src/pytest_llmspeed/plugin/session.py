@@ -25,7 +25,9 @@ from ..gate.baseline import Baseline, mismatches
 from ..gate.baseline import dump as dump_baseline
 from ..gate.baseline import load as load_baseline
 from ..gate.verdict import Accounting
+from ..report.compare import Comparison
 from ..results import MAX, CellId, CellRecord, Results, RunInfo, Status
+from .progress import Progress
 from .settings import Settings
 
 
@@ -62,8 +64,15 @@ class LLMSpeedRun:
         #: which rule added or left out the built-in suite, in words
         self.suite_rule = ""
         self.server_line = ""
+        self.progress: Progress | None = None
+        self.node_cells: dict[str, CellId] = {}  # test node id → the cell it measures
         if settings.baseline:
             self.baseline = load_baseline(settings.baseline)  # BaselineError: bad file
+        self.earlier: Results | None = None
+        if settings.compare:
+            from ..results import load
+
+            self.earlier = load(settings.compare)  # ResultsError: not a results file
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -195,15 +204,33 @@ class LLMSpeedRun:
             python=sys.version.split()[0],
             platform=platform.platform(),
             pytest=pytest.__version__,
+            metadata=dict(self.settings.meta),
+            launch_command=self.settings.launch_command,
         )
 
     def results(self) -> Results:
         return Results(self.run_info(), tuple(self.cells.values()))
 
     def write_results(self) -> None:
-        """Rewrite the results file (after every cell: a run that dies keeps what it measured)."""
+        """Rewrite the results file and the page (after every cell: a run that dies keeps
+        what it measured)."""
+        if not (self.settings.results or self.settings.html):
+            return
+        results = self.results()
         if self.settings.results:
-            self.results().dump(self.settings.results)
+            results.dump(self.settings.results)
+        if self.settings.html:
+            from ..report.page import render_page
+
+            render_page(results, self.comparison(results)).write(self.settings.html)
+
+    def comparison(self, results: Results | None = None) -> Comparison | None:
+        """This run against the earlier one (--llm-compare), or None."""
+        if self.earlier is None:
+            return None
+        from ..report.compare import compare
+
+        return compare(self.earlier, results or self.results())
 
     def header(self) -> list[str]:
         if not self.bench or not self.bench.server:

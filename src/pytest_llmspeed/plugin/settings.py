@@ -31,6 +31,7 @@ class Option:
     env: tuple[str, ...] = ()
     choices: tuple[str, ...] = ()
     switch: bool = False  # a switch: --llm-x on the command line, true/false in the ini file
+    repeat: bool = False  # may be given several times (the ini twin: one per line)
 
     @property
     def flag(self) -> str:
@@ -100,6 +101,27 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("results", "write JSON results to this path, rewritten after every cell"),
     Option(
+        "html",
+        "write the speed-test page (one self-contained HTML file) to this path, rewritten "
+        "after every cell",
+    ),
+    Option(
+        "compare",
+        "compare this run with an earlier results file: a verdict per cell in the summary, "
+        "the page and the job summary",
+    ),
+    Option(
+        "meta",
+        "what the server cannot tell, as KEY=VALUE (repeatable; one per line in the ini "
+        'file), e.g. hardware="H200 NVL" build=cuda-13.2; on the page and in the results',
+        repeat=True,
+    ),
+    Option(
+        "launch-command",
+        "how the server was started, recorded with its secrets redacted (--api-key VALUE, "
+        "bearer tokens, *_KEY= / *_TOKEN= assignments)",
+    ),
+    Option(
         "timeout",
         "seconds to wait for a connection or for the next bytes of a stream",
         default="120",
@@ -167,6 +189,10 @@ class Settings:
     baseline_strict: bool = False
     confirm: int = 1
     baseline_missing: str = "fail"
+    html: str | None = None
+    compare: str | None = None
+    meta: tuple[tuple[str, str], ...] = ()
+    launch_command: str | None = None
     builtin_suite: str = "auto"
     notes: tuple[str, ...] = ()  # what the settings decided that the user should know
 
@@ -206,6 +232,10 @@ def add_options(parser: pytest.Parser) -> None:
     for opt in OPTIONS:
         extra = f" [env: {', '.join(opt.env)}]" if opt.env else ""
         default = f" (default: {opt.default})" if opt.default else ""
+        if opt.repeat:
+            group.addoption(opt.flag, dest=opt.dest, action="append", default=None, help=opt.help)
+            parser.addini(opt.ini, help=opt.help, type="linelist", default=[])
+            continue
         if opt.switch:
             group.addoption(
                 opt.flag,
@@ -218,6 +248,14 @@ def add_options(parser: pytest.Parser) -> None:
         else:
             group.addoption(opt.flag, dest=opt.dest, default=None, help=opt.help + default + extra)
         parser.addini(opt.ini, help=opt.help + default, default=None)
+
+
+def raw_values(config: pytest.Config, opt: Option) -> list[tuple[str, str]]:
+    """A repeatable option's values, each with where it came from: the ini file's lines, then
+    the command line's (a later KEY wins)."""
+    ini = [(str(v), f"ini key {opt.ini}") for v in config.getini(opt.ini) or [] if str(v).strip()]
+    cli = [(str(v), opt.flag) for v in config.getoption(opt.dest, None) or []]
+    return ini + cli
 
 
 def raw_value(config: pytest.Config, opt: Option) -> tuple[str | None, str]:
@@ -247,8 +285,11 @@ def load(config: pytest.Config) -> Settings:
     """Validate every option; a bad value raises ``pytest.UsageError`` naming it."""
     values: dict[str, Any] = {}
     for opt in OPTIONS:
-        value, source = raw_value(config, opt)
         key = opt.dest[4:]
+        if opt.repeat:
+            values[key] = _meta(raw_values(config, opt))
+            continue
+        value, source = raw_value(config, opt)
         if value is None:
             values[key] = None
             continue
@@ -280,7 +321,7 @@ def load(config: pytest.Config) -> Settings:
             f"--llm-endpoint ends in /v1, the API's path: measuring the server at "
             f"{values['endpoint']}"
         )
-    for key in ("results", "save_baseline"):
+    for key in ("results", "save_baseline", "html"):
         if values[key] is not None:
             opt = next(o for o in OPTIONS if o.dest == f"llm_{key}")
             problem = unwritable(values[key])
@@ -288,6 +329,22 @@ def load(config: pytest.Config) -> Settings:
                 raise _bad(raw_value(config, opt)[1], values[key], problem)
     settings = Settings(**{k: v for k, v in values.items() if v is not None})
     return dataclasses.replace(settings, notes=tuple(notes))
+
+
+def _meta(items: list[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """``KEY=VALUE`` items → pairs (quotes around a value dropped; secrets redacted)."""
+    from ..core.errors import redact_secrets
+
+    out: dict[str, str] = {}
+    for item, source in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise _bad(source, item, 'give KEY=VALUE, e.g. hardware="H200 NVL"')
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        out[key.strip()] = redact_secrets(f"{key.strip()}={value}").partition("=")[2]
+    return tuple(out.items())
 
 
 def unwritable(path: str) -> str | None:
@@ -338,6 +395,10 @@ def _convert(key: str, value: str) -> Any:
         return int(value)
     if key == "endpoint":
         return value.strip().rstrip("/")
+    if key == "launch_command":
+        from ..core.errors import redact_secrets
+
+        return redact_secrets(value.strip())
     return value
 
 

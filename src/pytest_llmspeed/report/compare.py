@@ -8,8 +8,9 @@ improvement only beyond a threshold that uses the cell's own noise:
 
 where ``se`` is the relative standard error of the figure in its run: for a decode cell the
 coefficient of variation of its per-second throughput over √(seconds measured), and the spread
-of its attempts when it was measured again; for a prefill cell with repeats, the spread of its
-cold requests over √n. A cell with no noise estimate (one cold request) gets the tolerance.
+of its attempts when it was measured again; for a prefill cell with 3 or more repeats, the
+median absolute deviation of its cold requests (×1.4826) over √n. A cell with no noise
+estimate (one cold request) gets the tolerance.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ class Verdict(Enum):
     ONLY_OLD = "only in the old run"
     ONLY_NEW = "only in the new run"
     NOT_MEASURED = "not measured in both"
+
+    def counted(self, n: int) -> str:
+        """``3 regressions``, ``1 within noise``."""
+        plural = "s" if n != 1 and self in (Verdict.REGRESSION, Verdict.IMPROVEMENT) else ""
+        return f"{n} {self.value}{plural}"
 
 
 @dataclass(frozen=True)
@@ -90,9 +96,13 @@ def relative_noise(cell: CellRecord) -> float | None:
         parts.append(
             statistics.stdev(numbers) / statistics.fmean(numbers) / math.sqrt(len(numbers))
         )
-    if cell.phase is Phase.PREFILL and cell.samples and len(cell.samples.ttft_ms) >= 2:
+    if cell.phase is Phase.PREFILL and cell.samples and len(cell.samples.ttft_ms) >= 3:
+        # the figure is the median of the cold requests: a robust spread (the median absolute
+        # deviation, scaled to a standard deviation), so one slow request does not hide a change
         ttfts = cell.samples.ttft_ms
-        parts.append(statistics.stdev(ttfts) / statistics.fmean(ttfts) / math.sqrt(len(ttfts)))
+        mid = statistics.median(ttfts)
+        mad = statistics.median(abs(t - mid) for t in ttfts) * 1.4826
+        parts.append(mad / mid / math.sqrt(len(ttfts)))
     return max(parts) if parts else None
 
 
@@ -174,7 +184,7 @@ def fmt_change(change: float | None) -> str:
 
 
 def summary_line(cmp: Comparison) -> str:
-    counts = ", ".join(f"{cmp.count(v)} {v.value}" for v in Verdict if cmp.count(v))
+    counts = ", ".join(v.counted(cmp.count(v)) for v in Verdict if cmp.count(v))
     return f"{len(cmp.cells)} cell(s): {counts}"
 
 

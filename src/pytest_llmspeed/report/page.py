@@ -42,6 +42,9 @@ class Page:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".llmspeed-", suffix=".html")
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(self.html)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # readable as open() would make it, not mkstemp's 0600
         os.replace(tmp, target)
 
 
@@ -364,8 +367,9 @@ def _comparison(cmp: Comparison) -> dict[str, Any]:
 
     lines = [{"text": f"warning: {w}", "cls": "warn"} for w in cmp.warnings]
     lines += [{"text": d, "cls": "sub"} for d in cmp.differences]
-    counts = ", ".join(f"{cmp.count(v)} {v.value}" for v in Verdict if cmp.count(v))
-    lines.append({"text": f"{len(cmp.cells)} cell(s): {counts}", "cls": ""})
+    from .compare import summary_line
+
+    lines.append({"text": summary_line(cmp), "cls": ""})
     return {
         "old_label": cmp.old_label,
         "header": lines,

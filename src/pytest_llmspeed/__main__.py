@@ -1,0 +1,70 @@
+"""``python -m pytest_llmspeed``: the page and the comparison of results files, after a run.
+
+    python -m pytest_llmspeed report RESULTS.json -o PAGE.html
+    python -m pytest_llmspeed compare OLD.json NEW.json [--html PAGE.html] [--markdown OUT.md]
+
+Reads any results file pytest-llmspeed has written (``results.load``). Exit status: 0, or 1
+when ``compare`` finds a regression, 2 on bad input (one line saying what and what to do).
+No pytest import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .results import ResultsError, load
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pytest_llmspeed",
+        description="The speed-test page and the comparison of two runs, from results files.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    report = sub.add_parser("report", help="render the page of a results file")
+    report.add_argument("results", help="a results file (--llm-results)")
+    report.add_argument("-o", "--output", required=True, help="the HTML page to write")
+    cmp = sub.add_parser("compare", help="compare two runs, cell by cell")
+    cmp.add_argument("old", help="the earlier results file (before the upgrade)")
+    cmp.add_argument("new", help="the later results file (after the upgrade)")
+    cmp.add_argument("--html", help="also write the new run's page with the comparison")
+    cmp.add_argument("--markdown", help="also write the comparison as Markdown")
+    cmp.add_argument(
+        "--tolerance", type=float, default=0.05, help="smallest change called a regression"
+    )
+    args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except ResultsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .report.compare import compare, lines, markdown
+    from .report.page import render_page
+
+    if args.command == "report":
+        render_page(load(args.results)).write(args.output)
+        print(f"page: {args.output}")
+        return 0
+    old, new = load(args.old), load(args.new)
+    result = compare(old, new, args.tolerance)
+    for line in lines(result, args.old)[1:]:
+        print(line)
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as fh:
+            fh.write(markdown(result, args.old, args.new))
+        print(f"markdown: {args.markdown}")
+    if args.html:
+        render_page(new, result).write(args.html)
+        print(f"page: {args.html}")
+    return 1 if result.regressions else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

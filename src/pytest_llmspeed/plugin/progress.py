@@ -1,0 +1,152 @@
+"""Progress while a matrix runs: one line when a cell starts, one when it ends.
+
+    [12/48] decode[32K-c8] · window 30 s · elapsed 6:12 · about 14 min left
+    [12/48] decode[32K-c8] valid: 903.6 tok/s · 112.9 tok/s per request · TTFT 1,199 ms
+
+Plain lines, no carriage return and no colour, so they read the same in a CI log as on a
+terminal. ``-q`` silences them. The time left counts what the remaining cells will cost: a
+decode cell its window plus the overhead the decode cells so far needed beyond their window
+(ramp-up, idle wait, confirmations), a context not warmed yet its prefill at the prefill rate
+measured so far; cells the arithmetic skips cost nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from ..results import CellId, CellRecord, Phase, Status
+
+#: overhead of a decode cell beyond its window before one was measured (seconds)
+FIRST_GUESS_OVERHEAD_S = 2.0
+
+
+def clock(seconds: float) -> str:
+    """``6:12``, ``1:02:03``."""
+    s = int(seconds)
+    h, m = divmod(s // 60, 60)
+    return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"
+
+
+def duration_words(seconds: float) -> str:
+    """``40 s``, ``14 min``, ``1 h 05 min``."""
+    if seconds < 90:
+        return f"{max(seconds, 0):.0f} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+@dataclass
+class Progress:
+    window_s: float
+    total: int
+    started: float = field(default_factory=time.monotonic)
+    done: int = 0
+    #: the cells still to run, in order: (id, context tokens or None, skipped by arithmetic)
+    plan: list[tuple[CellId, int | None, bool]] = field(default_factory=list)
+    warmed: set[str] = field(default_factory=set)
+    overheads: list[float] = field(default_factory=list)
+    prefill_rates: list[float] = field(default_factory=list)
+    _cell_started: float = 0.0
+
+    def left_s(self) -> float:
+        """Seconds the remaining cells will take, by what the run has measured so far."""
+        overhead = (
+            sum(self.overheads) / len(self.overheads) if self.overheads else FIRST_GUESS_OVERHEAD_S
+        )
+        rate = sorted(self.prefill_rates)[len(self.prefill_rates) // 2] if self.prefill_rates else 0
+        left = 0.0
+        warmed = set(self.warmed)
+        for cid, tokens, skipped in self.plan:
+            if skipped:
+                continue
+            if cid.label not in warmed:
+                warmed.add(cid.label)
+                if rate and tokens:
+                    left += tokens / rate
+            if cid.phase is Phase.DECODE:
+                left += self.window_s + overhead
+        return left
+
+    def start_line(self, cid: CellId) -> str:
+        self._cell_started = time.monotonic()
+        if self.plan and self.plan[0][0] == cid:
+            self.plan.pop(0)
+        self.done += 1
+        what = f"window {self.window_s:g} s" if cid.phase is Phase.DECODE else "cold prefill"
+        elapsed = clock(time.monotonic() - self.started)
+        left = self.left_s() + (self.window_s if cid.phase is Phase.DECODE else 0.0)
+        return (
+            f"[{self.done}/{self.total}] {cid} · {what} · elapsed {elapsed} · "
+            f"about {duration_words(left)} left"
+        )
+
+    def end_line(self, cid: CellId, record: CellRecord | None) -> str:
+        took = time.monotonic() - self._cell_started
+        self.warmed.add(cid.label)
+        head = f"[{self.done}/{self.total}] {cid}"
+        if record is None:
+            return f"{head} not run"
+        if record.phase is Phase.PREFILL and record.prompt_tok_s and record.ttft_ms:
+            self.prefill_rates.append(record.prompt_tok_s)
+        if record.phase is Phase.DECODE and record.measured:
+            self.overheads.append(max(took - self.window_s * max(len(record.attempts), 1), 0.0))
+        if not record.measured:
+            reason, label = record.reason or "", record.status.label
+            if reason.lower().startswith(label.lower()):
+                return f"{head} {reason}"
+            return f"{head} {label}: {reason}".rstrip(": ")
+        status = "" if record.status is Status.VALID else f" {record.status.label}"
+        if record.phase is Phase.PREFILL:
+            return (
+                f"{head}{status}: {record.prompt_tok_s:,.1f} prompt tok/s · "
+                f"TTFT {record.ttft_ms:,.0f} ms"
+            )
+        per = (
+            f" · {record.per_request_tok_s:,.1f} tok/s per request"
+            if record.per_request_tok_s
+            else ""
+        )
+        ttft = f" · TTFT {record.ttft_ms:,.0f} ms" if record.ttft_ms is not None else ""
+        return f"{head}{status}: {record.total_tok_s:,.1f} tok/s{per}{ttft} ({took:.0f} s)"
+
+
+class ProgressReporter:
+    """The plugin object that writes the lines (registered when the run is configured).
+
+    ``pytest_runtest_logstart`` / ``logfinish`` run outside output capture (a test's setup and
+    teardown run inside it), so the lines reach the terminal or the log as they happen."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+
+    def _write(self, line: str) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(line)
+
+    def _run_and_cell(self, nodeid: str) -> tuple[Progress, CellId, dict[str, CellRecord]] | None:
+        from .stash import RUN_KEY
+
+        run = self.config.stash.get(RUN_KEY, None)
+        if run is None or run.progress is None or nodeid not in run.node_cells:
+            return None
+        return run.progress, run.node_cells[nodeid], run.cells
+
+    @pytest.hookimpl(tryfirst=True)  # before pytest writes the test's name
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        found = self._run_and_cell(nodeid)
+        if found:
+            progress, cid, _ = found
+            self._write(progress.start_line(cid))
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        found = self._run_and_cell(nodeid)
+        if found:
+            progress, cid, cells = found
+            self._write(progress.end_line(cid, cells.get(str(cid))))

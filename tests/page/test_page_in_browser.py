@@ -1,0 +1,139 @@
+"""The page as a person sees it: a real browser (headless Chromium, Debian's package, installed
+by the test set-up like vLLM) opens the file the plugin wrote. No request may leave the page,
+the console must stay quiet, every section must be there and the charts drawn; screenshots
+(desktop and phone widths) are written to ``out/`` next to the other test results."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+SHOTS = ROOT / "out"
+BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
+QUIET = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
+
+
+def chromium(tmp_path, *args):
+    if BROWSER is None:
+        pytest.skip("no chromium: the set-up (scripts/setup_browser.py) could not install it")
+    profile = tmp_path / f"profile-{len(list(tmp_path.iterdir()))}"
+    return subprocess.run(
+        [BROWSER, *QUIET, f"--user-data-dir={profile}", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    """A run of the plugin on the simulator that writes its page (with a comparison)."""
+    work = tmp_path_factory.mktemp("page")
+    common = [
+        "-p",
+        "no:cacheprovider",
+        "--llm-contexts=1K,4K",
+        "--llm-concurrency=1,4,64",
+        "--llm-duration=1",
+        "--llm-max-output=128",
+        "--llm-kv-capacity=100000",
+        "-W",
+        "ignore",
+    ]
+    env_run = {"cwd": work, "capture_output": True, "text": True, "timeout": 300}
+    first = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--llm-endpoint=sim:tiny?speed=4",
+            "--llm-results=old.json",
+            *common,
+        ],
+        **env_run,
+    )
+    assert first.returncode == 0, first.stdout[-2000:]
+    second = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--llm-endpoint=sim:tiny?speed=3.6",
+            "--llm-results=new.json",
+            "--llm-html=out/page.html",
+            "--llm-compare=old.json",
+            "--llm-meta",
+            'hardware="2-core CPU (simulated GPU)"',
+            "--llm-meta",
+            "build=dev",
+            "--llm-launch-command=python -m pytest_llmspeed.sim --api-key sk-do-not-show",
+            *common,
+        ],
+        **env_run,
+    )
+    assert second.returncode == 0, second.stdout[-2000:]
+    return work / "out" / "page.html"
+
+
+def open_page(tmp_path, uri):
+    """The DOM after load, the console's lines, and the URLs the page itself asked for: in the
+    net log, requests made for a file:// page carry its network isolation key; the browser's
+    own background requests (sign-in, time) carry another."""
+    netlog = tmp_path / f"net-{len(list(tmp_path.iterdir()))}.json"
+    run = chromium(
+        tmp_path, f"--log-net-log={netlog}", "--enable-logging=stderr", "--v=0", "--dump-dom", uri
+    )
+    console = [ln for ln in run.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
+    asked = set()
+    for event in json.loads(netlog.read_text() or "{}").get("events", []):
+        params = event.get("params") or {}
+        url = params.get("url")
+        page_made = str(params.get("network_isolation_key", "")).startswith("file://")
+        if url and page_made and not url.startswith(("file://", "data:")):
+            asked.add(url)
+    return run.stdout, console, asked
+
+
+def test_the_check_sees_a_request_and_a_console_error(tmp_path):
+    bad = tmp_path / "bad.html"
+    bad.write_text('<img src="http://127.0.0.1:9/x.png"><script>console.error("boom")</script>')
+    _, console, asked = open_page(tmp_path, bad.as_uri())
+    assert asked == {"http://127.0.0.1:9/x.png"}
+    assert any("boom" in line for line in console)
+
+
+def test_page_opens_offline_with_every_section_and_drawn_charts(page, tmp_path):
+    dom, console, asked = open_page(tmp_path, page.as_uri())
+    for section in ("title", "metadata", "launch", "comparison", "prefill", "decode", "charts",
+                    "measurements"):  # fmt: skip
+        assert f'id="{section}"' in dom, section
+    assert dom.count('<svg class="chart"') == 5
+    assert dom.count('class="mark"') >= 10 and "<polyline" in dom
+    assert "sk-do-not-show" not in page.read_text() and "--api-key &lt;redacted&gt;" in dom
+    assert console == []
+    assert asked == set()
+    assert page.stat().st_size < 1_000_000
+
+
+@pytest.mark.parametrize(("name", "size"), [("page", "1280,3200"), ("page-phone", "390,3200")])
+def test_screenshots(page, tmp_path, name, size):
+    SHOTS.mkdir(exist_ok=True)
+    shot = SHOTS / f"{name}.png"
+    run = chromium(tmp_path, f"--window-size={size}", f"--screenshot={shot}", page.as_uri())
+    assert shot.is_file() and shot.stat().st_size > 20_000, run.stderr[-1000:]

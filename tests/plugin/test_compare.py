@@ -1,0 +1,140 @@
+"""Comparing two runs, cell by cell (python -m pytest_llmspeed compare, and --llm-compare): a
+10 % slower server is a regression of about −10 % in every measured cell and nothing else; a
+noisy server at the same speed is no regression."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+# 4K and 8K prefills (a 1K cold prefill takes ~4 ms at speed 4: loopback jitter alone moved it
+# by 20 % once on a loaded machine), each the median of 3 cold requests
+MATRIX = (
+    "--llm-contexts=4K,8K",
+    "--llm-concurrency=1,4",
+    "--llm-duration=2",
+    "--llm-max-output=128",
+    "--llm-prefill-repeats=3",
+    "-p",
+    "no:randomly",
+)
+
+
+def run(pytester, endpoint, name, *args):
+    result = pytester.runpytest(
+        f"--llm-endpoint={endpoint}", *MATRIX, f"--llm-results={name}", *args
+    )
+    result.assert_outcomes(passed=6)
+    return pytester.path / name
+
+
+def cli(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_llmspeed", *args], cwd=cwd, capture_output=True, text=True
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Three runs of the simulator: speed 4 (the reference), 3.6 (10 % slower), 4 with 3 %
+    noise, each in its own process."""
+    work = tmp_path_factory.mktemp("runs")
+    out = {}
+    for name, spec in (
+        ("ref", "speed=4&seed=1"),
+        ("slow", "speed=3.6&seed=2"),
+        ("noisy", "speed=4&noise=0.03&seed=3"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-W", "ignore",
+             f"--llm-endpoint=sim:tiny?{spec}", *MATRIX, f"--llm-results={name}.json"],
+            cwd=work, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-2000:]
+        out[name] = work / f"{name}.json"
+    return out
+
+
+def test_a_ten_percent_slower_server_is_a_regression_in_every_measured_cell(runs, tmp_path):
+    done = cli("compare", str(runs["ref"]), str(runs["slow"]), "--markdown", "c.md", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr  # a regression: exit 1
+    assert "6 cell(s): 6 regressions" in done.stdout
+    changes = [float(x) for x in _changes(done.stdout)]
+    assert len(changes) == 6 and all(-14 < c < -6 for c in changes), changes
+    assert "❌" in (tmp_path / "c.md").read_text()
+
+
+def test_a_noisy_server_at_the_same_speed_is_no_regression(runs, tmp_path):
+    done = cli("compare", str(runs["ref"]), str(runs["noisy"]), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "6 cell(s): 6 within noise" in done.stdout
+
+
+def _changes(text):
+    import re
+
+    return re.findall(r": ([−+-][\d.]+)% \(noise threshold", text.replace("−", "-"))
+
+
+def test_compare_inside_a_pytest_run_goes_to_the_summary_and_the_job_summary(
+    pytester, runs, monkeypatch
+):
+    summary = pytester.path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    result = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=3.6&seed=4", *MATRIX, f"--llm-compare={runs['ref']}"
+    )
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(["Compared with *ref.json (*", "  6 cell(s): 6 regressions"])
+    assert "compared with" in summary.read_text()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "error: *missing.json: no such results file"),
+        ('{"hello": 1}', "error: *bad.json: not a pytest-llmspeed results file (no 'schema' key*"),
+        (
+            '{"schema": "pytest-llmspeed/results/v9", "run": {}, "cells": []}',
+            "error: *bad.json: results schema v9 is newer than this pytest-llmspeed reads (v1)*",
+        ),
+    ],
+)
+def test_bad_input_is_one_line(tmp_path, runs, content, message):
+    name = "missing.json" if content is None else "bad.json"
+    if content is not None:
+        (tmp_path / name).write_text(content)
+    done = cli("compare", name, str(runs["ref"]), cwd=tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and pytest.importorskip("fnmatch").fnmatch(lines[0], message), lines
+
+
+def test_two_different_models_is_a_warning_not_a_crash(runs, tmp_path):
+    doc = json.loads(runs["ref"].read_text())
+    doc["run"]["model"] = "another-model"
+    (tmp_path / "other.json").write_text(json.dumps(doc))
+    done = cli("compare", "other.json", str(runs["slow"]), "--html", "p.html", cwd=tmp_path)
+    assert "warning: comparing two different models: another-model (old), tiny (new)" in done.stdout
+    assert (tmp_path / "p.html").is_file()
+
+
+def test_report_renders_the_page_of_a_results_file_of_an_earlier_version(tmp_path):
+    from pathlib import Path
+
+    old = Path(__file__).resolve().parents[1] / "data" / "v1" / "results.json"
+    done = cli("report", str(old), "-o", "page.html", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    html = (tmp_path / "page.html").read_text()
+    assert "tiny on llmspeed-sim" in html and html.count('<svg class="chart"') == 5
+
+
+def test_bad_llm_compare_and_llm_meta_are_usage_errors(pytester):
+    (pytester.path / "bad.json").write_text("[]")
+    result = pytester.runpytest("--llm-endpoint=sim", "--llm-compare=bad.json")
+    result.stderr.fnmatch_lines(["ERROR: --llm-compare: bad.json: not a pytest-llmspeed results*"])
+    result = pytester.runpytest("--llm-endpoint=sim", "--llm-meta", "hardware")
+    result.stderr.fnmatch_lines(["ERROR: --llm-meta='hardware': give KEY=VALUE, e.g. *"])
