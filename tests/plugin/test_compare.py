@@ -10,10 +10,12 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-# 4K and 8K prefills (a 1K cold prefill takes ~4 ms at speed 4: loopback jitter alone moved it
-# by 20 % once on a loaded machine), each the median of 3 cold requests
+# The reference profile at 10x: its 8K and 16K cold prefills take 80-160 ms (the tiny
+# profile's take 4-15 ms, where a loaded machine's jitter alone moved one by 20 %), each the
+# median of 3 cold requests
+PROFILE = "sim:h200-qwen3.5-27b-int4"
 MATRIX = (
-    "--llm-contexts=4K,8K",
+    "--llm-contexts=8K,16K",
     "--llm-concurrency=1,4",
     "--llm-duration=2",
     "--llm-max-output=128",
@@ -39,18 +41,18 @@ def cli(*args, cwd):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Three runs of the simulator: speed 4 (the reference), 3.6 (10 % slower), 4 with 3 %
+    """Three runs of the simulator: speed 10 (the reference), 9 (10 % slower), 10 with 3 %
     noise, each in its own process."""
     work = tmp_path_factory.mktemp("runs")
     out = {}
     for name, spec in (
-        ("ref", "speed=4&seed=1"),
-        ("slow", "speed=3.6&seed=2"),
-        ("noisy", "speed=4&noise=0.03&seed=3"),
+        ("ref", "speed=10&seed=1"),
+        ("slow", "speed=9&seed=2"),
+        ("noisy", "speed=10&noise=0.03&seed=3"),
     ):
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-W", "ignore",
-             f"--llm-endpoint=sim:tiny?{spec}", *MATRIX, f"--llm-results={name}.json"],
+             f"--llm-endpoint={PROFILE}?{spec}", *MATRIX, f"--llm-results={name}.json"],
             cwd=work, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-2000:]
@@ -85,7 +87,7 @@ def test_compare_inside_a_pytest_run_goes_to_the_summary_and_the_job_summary(
     summary = pytester.path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     result = pytester.runpytest(
-        "--llm-endpoint=sim:tiny?speed=3.6&seed=4", *MATRIX, f"--llm-compare={runs['ref']}"
+        f"--llm-endpoint={PROFILE}?speed=9&seed=4", *MATRIX, f"--llm-compare={runs['ref']}"
     )
     result.assert_outcomes(passed=6)
     result.stdout.fnmatch_lines(["Compared with *ref.json (*", "  6 cell(s): 6 regressions"])
@@ -118,7 +120,7 @@ def test_two_different_models_is_a_warning_not_a_crash(runs, tmp_path):
     doc["run"]["model"] = "another-model"
     (tmp_path / "other.json").write_text(json.dumps(doc))
     done = cli("compare", "other.json", str(runs["slow"]), "--html", "p.html", cwd=tmp_path)
-    assert "warning: comparing two different models: another-model (old), tiny (new)" in done.stdout
+    assert "warning: comparing two different models: another-model (old), qwen (new)" in done.stdout
     assert (tmp_path / "p.html").is_file()
 
 
@@ -129,7 +131,7 @@ def test_report_renders_the_page_of_a_results_file_of_an_earlier_version(tmp_pat
     done = cli("report", str(old), "-o", "page.html", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     html = (tmp_path / "page.html").read_text()
-    assert "tiny on llmspeed-sim" in html and html.count('<svg class="chart"') == 5
+    assert "tiny on llmspeed-sim" in html and html.count('<svg class="chart"') == 5  # 0.1.0's file
 
 
 def test_bad_llm_compare_and_llm_meta_are_usage_errors(pytester):

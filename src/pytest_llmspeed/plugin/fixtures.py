@@ -119,6 +119,8 @@ def _stop_if_fatal(request: pytest.FixtureRequest, run: LLMSpeedRun, exc: Except
 
     if isinstance(exc, KeyRejected):
         run.fatal = run.redact(f"stopped: {describe(exc)}")
+    elif run.server_exited():
+        run.fatal = run.redact(f"stopped: {run.server_exited()}\nResults measured so far are kept.")
     elif not run.healthy():
         run.fatal = run.redact(
             f"stopped: the server at {run.base_url} stopped answering ({exc}). "

@@ -14,6 +14,7 @@ HINTS = {
     "prompt_form": "(--llm-prompt-form=ids)",
     "api": "(--llm-api=completions)",
     "max_model_len": "Give --llm-max-model-len=TOKENS, or drop max from --llm-contexts.",
+    "serve_timeout": "(--llm-serve-timeout)",
 }
 
 

@@ -10,6 +10,7 @@ import dataclasses
 import datetime as _dt
 import platform
 import sys
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -18,6 +19,7 @@ import pytest
 from .. import __version__
 from ..core.bench import Bench, BenchConfig
 from ..core.errors import LLMSpeedError, redact
+from ..core.launch import LaunchedServer
 from ..core.matrix import Skip, context_label, decode_skip, exceeds_max_model_len
 from ..core.protocol import DecodeResult, PrefillResult
 from ..core.records import prefill_record
@@ -45,6 +47,11 @@ def public_url(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
+def _loopback(url: str | None) -> bool:
+    host = urlsplit(url).hostname if url else None
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
 class LLMSpeedRun:
     """One pytest session's benchmark run."""
 
@@ -66,6 +73,9 @@ class LLMSpeedRun:
         self.server_line = ""
         self.progress: Progress | None = None
         self.node_cells: dict[str, CellId] = {}  # test node id → the cell it measures
+        self.server: LaunchedServer | None = None  # started by --llm-serve
+        self.engine_packages: dict[str, str] = {}
+        self.machine: dict[str, str] = {}
         if settings.baseline:
             self.baseline = load_baseline(settings.baseline)  # BaselineError: bad file
         self.earlier: Results | None = None
@@ -79,6 +89,8 @@ class LLMSpeedRun:
     def start(self) -> None:
         """Start the simulator if asked, connect, probe. Raises LLMSpeedError / ValueError."""
         s = self.settings
+        if s.serve_plan is not None:
+            self._launch()
         if s.is_sim:
             from ..sim import parse_sim_spec, running_simulator_process  # only when asked for
 
@@ -122,6 +134,10 @@ class LLMSpeedRun:
                 "(not in /v1/models, nor in a /tokenize answer)",
                 setting="max_model_len",
             )
+        if self.settings.serve_plan is not None or _loopback(self.base_url):
+            from ..core.machine import hardware
+
+            self.machine = hardware()  # the server runs on this machine
         if self.bench.server and self.bench.server.kv_capacity is None:
             self.notes.append("KV capacity unknown: every cell ran (no over-capacity skips)")
         self.write_results()
@@ -172,11 +188,46 @@ class LLMSpeedRun:
         n = dump_baseline(self.settings.save_baseline, run, list(self.cells.values()))
         return f"baseline: {n} cells written to {self.settings.save_baseline}"
 
+    def _launch(self) -> None:
+        """--llm-serve: start the server command and wait until it answers (LaunchError)."""
+        from ..core.launch import launch, wait_healthy
+
+        s = self.settings
+        log = (
+            Path(s.serve_log)
+            if s.serve_log
+            else (Path(s.results).parent if s.results else Path()) / "llmspeed-serve.log"
+        )
+        self.server = launch(s.serve_plan, log)
+        try:
+            took = wait_healthy(self.server, s.serve_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.notes.append(
+            f"server started by --llm-serve, answering after {took:.0f} s; its log: {log}"
+        )
+        from ..core.launch import engine_python
+        from ..core.machine import engine_packages
+
+        python = engine_python(s.serve_plan)
+        if python is not None:
+            self.engine_packages = engine_packages(python)
+
+    def server_exited(self) -> str | None:
+        """Why the launched server is gone (exit code, log's last lines), or None."""
+        if self.server is None or self.server.exit_code() is None:
+            return None
+        return self.server.exited_message("during the run")
+
     def stop(self) -> None:
         if self.bench is not None:
             with contextlib.suppress(Exception):
                 self.bench.close()
             self.bench = None
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
         if self._sim is not None:
             self._sim.close()
             self._sim = None
@@ -204,8 +255,9 @@ class LLMSpeedRun:
             python=sys.version.split()[0],
             platform=platform.platform(),
             pytest=pytest.__version__,
-            metadata=dict(self.settings.meta),
-            launch_command=self.settings.launch_command,
+            metadata={**self.machine, **self.engine_packages, **dict(self.settings.meta)},
+            launch_command=self.settings.launch_command
+            or (self.settings.serve_plan.shown if self.settings.serve_plan else None),
         )
 
     def results(self) -> Results:

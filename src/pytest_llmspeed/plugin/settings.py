@@ -12,6 +12,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -117,6 +118,22 @@ OPTIONS: tuple[Option, ...] = (
         repeat=True,
     ),
     Option(
+        "serve",
+        "start the server under test with this command ({port}: a free loopback port, else "
+        "the command's --port), wait until it answers, stop it at the end; the endpoint is "
+        "derived from it",
+    ),
+    Option(
+        "serve-timeout",
+        "seconds --llm-serve waits for the server to answer /health or /v1/models",
+        default="900",
+    ),
+    Option(
+        "serve-log",
+        "where the output of --llm-serve's command goes (default: llmspeed-serve.log next to "
+        "the results, or in the current folder)",
+    ),
+    Option(
         "launch-command",
         "how the server was started, recorded with its secrets redacted (--api-key VALUE, "
         "bearer tokens, *_KEY= / *_TOKEN= assignments)",
@@ -193,8 +210,12 @@ class Settings:
     compare: str | None = None
     meta: tuple[tuple[str, str], ...] = ()
     launch_command: str | None = None
+    serve: str | None = None
+    serve_timeout: float = 900.0
+    serve_log: str | None = None
     builtin_suite: str = "auto"
     notes: tuple[str, ...] = ()  # what the settings decided that the user should know
+    serve_plan: Any = None  # core.launch.ServeCommand when --llm-serve was given
 
     @property
     def is_sim(self) -> bool:
@@ -273,8 +294,11 @@ def raw_value(config: pytest.Config, opt: Option) -> tuple[str | None, str]:
 
 
 def endpoint_of(config: pytest.Config) -> str | None:
+    """The endpoint the user gave, or the server command that will provide one: without
+    either, the plugin stays inactive."""
     value, _ = raw_value(config, OPTIONS[0])
-    return value or None
+    serve = next(o for o in OPTIONS if o.name == "serve")
+    return value or raw_value(config, serve)[0] or None
 
 
 def _bad(source: str, value: str, why: str) -> pytest.UsageError:
@@ -299,6 +323,8 @@ def load(config: pytest.Config) -> Settings:
             values[key] = _convert(key, value)
         except (ValueError, MatrixError) as exc:
             raise _bad(source, value, str(exc)) from None
+    if values["serve"] is not None:
+        _derive_endpoint(config, values)
     endpoint = values["endpoint"]
     if not (
         endpoint == "sim"
@@ -321,14 +347,39 @@ def load(config: pytest.Config) -> Settings:
             f"--llm-endpoint ends in /v1, the API's path: measuring the server at "
             f"{values['endpoint']}"
         )
-    for key in ("results", "save_baseline", "html"):
+    for key in ("results", "save_baseline", "html", "serve_log"):
         if values[key] is not None:
             opt = next(o for o in OPTIONS if o.dest == f"llm_{key}")
             problem = unwritable(values[key])
             if problem:
                 raise _bad(raw_value(config, opt)[1], values[key], problem)
+    plan = values.pop("serve_plan", None)
     settings = Settings(**{k: v for k, v in values.items() if v is not None})
-    return dataclasses.replace(settings, notes=tuple(notes))
+    return dataclasses.replace(settings, notes=tuple(notes), serve_plan=plan)
+
+
+def _derive_endpoint(config: pytest.Config, values: dict[str, Any]) -> None:
+    """--llm-serve: plan the command (its port), and make the endpoint the local server."""
+    from ..core.launch import LaunchError, plan
+
+    serve = next(o for o in OPTIONS if o.name == "serve")
+    source = raw_value(config, serve)[1]
+    try:
+        command = plan(values["serve"])
+    except LaunchError as exc:
+        raise _bad(source, values["serve"], exc.message) from None
+    given = values["endpoint"]
+    if given is not None:
+        host = urlsplit(given).hostname if given.startswith("http") else None
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            raise _bad(
+                source,
+                values["serve"],
+                f"starts a server on this machine, but --llm-endpoint={given} is another one: "
+                "give one of the two",
+            )
+    values["endpoint"] = command.url
+    values["serve_plan"] = command
 
 
 def _meta(items: list[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
@@ -367,7 +418,7 @@ def _convert(key: str, value: str) -> Any:
         return tuple(parse_contexts(value))
     if key == "concurrency":
         return tuple(parse_concurrency(value))
-    if key in ("duration", "timeout"):
+    if key in ("duration", "timeout", "serve_timeout"):
         number = _float(value, "must be a positive number of seconds")
         if not math.isfinite(number) or number <= 0:
             raise ValueError("must be a positive number of seconds")
@@ -395,6 +446,8 @@ def _convert(key: str, value: str) -> Any:
         return int(value)
     if key == "endpoint":
         return value.strip().rstrip("/")
+    if key == "serve":
+        return value
     if key == "launch_command":
         from ..core.errors import redact_secrets
 

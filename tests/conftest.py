@@ -1,5 +1,6 @@
-"""Plugin tests run pytest in pytest (``pytester``). Every results file such a run writes is
-checked against the published JSON Schema (docs/results.schema.json) after the test."""
+"""Shared by the plugin and real-vLLM tests, which run pytest in pytest (``pytester``). Every
+results file such a run writes is checked against the published JSON Schema
+(docs/results.schema.json) after the test."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import jsonschema
 import pytest
 
 SCHEMA = json.loads(
-    (Path(__file__).resolve().parents[2] / "docs" / "results.schema.json").read_text()
+    (Path(__file__).resolve().parents[1] / "docs" / "results.schema.json").read_text()
 )
 
 

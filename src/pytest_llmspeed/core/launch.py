@@ -1,0 +1,252 @@
+"""Start the server under test, wait until it answers, stop it — and nothing left behind.
+
+The command runs under a small watchdog that leads its own process group: the server and
+everything it starts (vLLM's engine core, workers) live in that group, and stopping sends
+SIGINT, then SIGTERM, then SIGKILL to the whole group. The watchdog holds a pipe whose other
+end only this process holds: if this process dies, even by SIGKILL, the pipe closes and the
+watchdog stops the group, so no server outlives the session. No pytest import here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import LLMSpeedError, redact_secrets
+
+#: seconds between the signals of a stop: SIGINT, then SIGTERM, then SIGKILL
+GRACE_S = (10.0, 5.0)
+
+_WATCHDOG = """
+import os, signal, subprocess, sys, threading, time
+try:
+    server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL)
+except OSError as exc:
+    print(f"[llmspeed] cannot start {sys.argv[1]!r}: {exc.strerror}", flush=True)
+    os._exit(127)
+for sig in (signal.SIGINT, signal.SIGTERM):  # the group's signals are for the server
+    signal.signal(sig, signal.SIG_IGN)
+eof = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.buffer.read(), eof.set()), daemon=True).start()
+while server.poll() is None and not eof.wait(0.5):
+    pass
+if server.poll() is None:
+    print("[llmspeed] the benchmark process is gone: stopping the server", flush=True)
+    os.killpg(0, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while server.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(0, signal.SIGKILL)
+code = server.returncode
+os._exit(code if code >= 0 else 128 - code)  # not sys.exit: the stdin thread is still reading
+"""
+
+
+class LaunchError(LLMSpeedError):
+    """The server command could not be started, or did not become healthy."""
+
+    setting = "serve"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class ServeCommand:
+    """A server command as it will run: its words, its port, and how it is shown."""
+
+    words: tuple[str, ...]
+    port: int
+    shown: str  # secrets redacted
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def plan(command: str) -> ServeCommand:
+    """Parse a server command: ``{port}`` becomes a free loopback port, else the command's own
+    ``--port N`` is used. LaunchError says what is missing."""
+    text = command.strip()
+    if not text:
+        raise LaunchError("the server command is empty: give the command that starts it")
+    port: int | None = None
+    if "{port}" in text:
+        port = free_port()
+        text = text.replace("{port}", str(port))
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise LaunchError(f"cannot read the server command ({exc})") from None
+    if port is None:
+        for i, word in enumerate(words):
+            value = word.split("=", 1)[1] if word.startswith("--port=") else None
+            if word == "--port" and i + 1 < len(words):
+                value = words[i + 1]
+            if value is not None and value.isdigit():
+                port = int(value)
+        if port is None:
+            raise LaunchError(
+                "the server command has no port: put {port} where the port goes "
+                "(e.g. vllm serve MODEL --port {port}), or give it --port N"
+            )
+    if shutil.which(words[0]) is None:
+        raise LaunchError(f"the server command {words[0]!r} is not found (not on PATH)")
+    return ServeCommand(tuple(words), port, redact_secrets(shlex.join(words)))
+
+
+@dataclass
+class LaunchedServer:
+    """A running server command."""
+
+    command: ServeCommand
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def exit_code(self) -> int | None:
+        return self.proc.poll()
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(redact_secrets(line) for line in text[-lines:])
+
+    def exited_message(self, when: str) -> str:
+        code = self.exit_code()
+        return (
+            f"the server command exited with code {code} {when}; its log {self.log_path}, "
+            f"last lines:\n{self.tail()}"
+        )
+
+    def stop(self) -> None:
+        """SIGINT to the whole group, then SIGTERM, then SIGKILL; wait for the watchdog."""
+        group = self.proc.pid  # start_new_session=True: the watchdog leads the group
+        for sig, grace in ((signal.SIGINT, GRACE_S[0]), (signal.SIGTERM, GRACE_S[1])):
+            if not _group_alive(group):
+                break
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, sig)
+            deadline = time.monotonic() + grace
+            while _group_alive(group) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie leader still counts: look for a live member
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if len(fields) > 2 and int(fields[2]) == group and fields[0] != "Z":
+                return True
+    return False
+
+
+def launch(command: ServeCommand, log_path: Path) -> LaunchedServer:
+    """Start the command under the watchdog, its output to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log:
+        log.write(f"$ {command.shown}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, *command.words],
+            stdin=subprocess.PIPE,  # never written: it closes when this process dies
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return LaunchedServer(command, log_path, proc)
+
+
+def wait_healthy(server: LaunchedServer, timeout: float) -> float:
+    """Wait until ``/health`` or ``/v1/models`` answers 200; returns the seconds it took.
+    LaunchError when the command exits first or the time is up (the server is stopped)."""
+    deadline = server.started + timeout
+    while True:
+        if server.exit_code() is not None:
+            raise LaunchError(server.exited_message("before it answered"))
+        for path in ("/health", "/v1/models"):
+            with (
+                contextlib.suppress(OSError, urllib.error.URLError),
+                urllib.request.urlopen(server.command.url + path, timeout=2.0) as r,
+            ):
+                if r.status == 200:
+                    return time.monotonic() - server.started
+        if time.monotonic() > deadline:
+            server.stop()
+            raise LaunchError(
+                f"the server did not answer /health or /v1/models within {timeout:g} s; its "
+                f"log {server.log_path}, last lines:\n{server.tail()}",
+                setting="serve_timeout",
+            )
+        time.sleep(0.5)
+
+
+def program(words: tuple[str, ...]) -> str | None:
+    """The program a command runs, past ``env``, its options and ``NAME=VALUE`` assignments."""
+    i = 0
+    if words and Path(words[0]).name == "env":
+        i = 1
+        while i < len(words):
+            word = words[i]
+            if word in ("-u", "--unset", "-C", "--chdir", "-S", "--split-string"):
+                i += 2
+            elif word.startswith("-") or re.match(r"^[A-Za-z_]\w*=", word):
+                i += 1
+            else:
+                break
+    return words[i] if i < len(words) else None
+
+
+def engine_python(command: ServeCommand) -> Path | None:
+    """The Python of the engine's environment, when the command names one (a venv's
+    ``bin/vllm``, or its ``bin/python``)."""
+    name = program(command.words)
+    found = shutil.which(name) if name else None
+    if found is None:
+        return None
+    path = Path(found)
+    if re.match(r"python[\d.]*$", path.name):
+        return path
+    for candidate in (path.parent / "python", path.parent / "python3"):
+        if candidate.exists():
+            return candidate
+    return None

@@ -1,0 +1,182 @@
+"""--llm-serve: the plugin starts the server under test, waits until it answers, records how it
+was launched and on what, and stops it — no process left behind, whatever ends the session."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MATRIX = ("--llm-contexts=1K", "--llm-concurrency=1,2", "--llm-duration=1", "--llm-max-output=64")
+
+
+def sim(marker, *extra):
+    """The simulator as a server command; ``marker`` (a seed) finds its processes later."""
+    words = [sys.executable, "-m", "pytest_llmspeed.sim", "--port", "{port}", "--speed", "4"]
+    return " ".join([*words, "--seed", str(marker), *extra])
+
+
+def processes_with(marker):
+    """Live processes whose command line holds ``--seed MARKER``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and b"--seed" in cmd and str(marker).encode() in cmd:
+            found.append(int(entry.name))
+    return found
+
+
+def gone(marker, within=20.0):
+    deadline = time.monotonic() + within
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return processes_with(marker) == []
+
+
+def test_serve_records_the_launch_and_the_machine_and_leaves_nothing(results_doc, pytester):
+    marker = 910001
+    result = pytester.runpytest(
+        f"--llm-serve={sim(marker, '--api-key', 'sk-serve-secret')}",
+        "--llm-api-key=sk-serve-secret",
+        *MATRIX,
+        "--llm-results=out.json",
+        "--junitxml=out.xml",
+    )
+    result.assert_outcomes(passed=3)
+    run = results_doc("out.json")["run"]
+    assert run["endpoint"].startswith("http://127.0.0.1:")
+    assert run["launch_command"].endswith(f"--seed {marker} --api-key <redacted>")
+    assert run["metadata"]["type"] in ("CPU", "Discrete GPU") and run["metadata"]["os"]
+    log = pytester.path / "llmspeed-serve.log"
+    assert "llmspeed-sim listening" in log.read_text()
+    for text in (log.read_text(), (pytester.path / "out.json").read_text(), result.stdout.str()):
+        assert "sk-serve-secret" not in text
+    assert gone(marker)
+
+
+def test_a_failing_session_stops_the_server_too(pytester):
+    marker = 910002
+    (pytester.path / "b.toml").write_text('[cells."decode[1K-c1]"]\ntotal_tok_s = 1e9\n')
+    result = pytester.runpytest(
+        f"--llm-serve={sim(marker)}", *MATRIX, "--llm-baseline=b.toml", "--llm-confirm=0"
+    )
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert gone(marker)
+
+
+def test_ctrl_c_stops_the_server(tmp_path):
+    marker = 910003
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-W", "ignore",
+         f"--llm-serve={sim(marker)}", "--llm-contexts=1K,2K,4K", "--llm-concurrency=1,2",
+         "--llm-duration=2", "--llm-max-output=4096", "--llm-results=out.json"],
+        cwd=tmp_path, stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    for line in proc.stdout:  # interrupt once the first decode cell is under way
+        if "decode[1K-c1] · window" in line:
+            break
+    assert processes_with(marker)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C reaches pytest
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-2000:]
+    assert gone(marker)
+
+
+def test_a_command_that_exits_at_once_is_one_message_with_its_log(pytester):
+    command = f"{sys.executable} -c \"print('no GPU found'); raise SystemExit(3)\" {{port}}"
+    result = pytester.runpytest(f"--llm-serve={command}", *MATRIX)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "ERROR: pytest-llmspeed: the server command exited with code 3 before it answered; "
+            "its log llmspeed-serve.log, last lines:",
+            "no GPU found",
+        ]
+    )
+    assert "Traceback" not in result.stderr.str()
+
+
+def test_a_server_that_never_answers_times_out_and_is_stopped(pytester):
+    marker = 910004
+    pytester.makepyfile(  # listens, and answers every request HTTP 501
+        never_ready="""
+        import http.server, sys
+        address = ("127.0.0.1", int(sys.argv[1]))
+        http.server.HTTPServer(address, http.server.BaseHTTPRequestHandler).serve_forever()
+        """
+    )
+    command = f"{sys.executable} never_ready.py {{port}} --seed {marker}"
+    result = pytester.runpytest(f"--llm-serve={command}", "--llm-serve-timeout=3", *MATRIX)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "ERROR: pytest-llmspeed: the server did not answer /health or /v1/models within 3 s; "
+            "its log llmspeed-serve.log, last lines:*"
+        ]
+    )
+    assert gone(marker)
+
+
+def test_a_server_killed_in_a_cell_stops_the_run_and_keeps_what_was_measured(results_doc, pytester):
+    marker = 910005
+    pytester.syspathinsert()
+    pytester.makepyfile(
+        kill_it="""
+        import os, signal
+        import pytest
+        from pytest_llmspeed.plugin.stash import RUN_KEY
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_runtest_call(item):
+            if item.name == "test_decode[1K-c2]":  # the second cell: kill its server now
+                os.killpg(item.config.stash[RUN_KEY].server.pid, signal.SIGKILL)
+        """
+    )
+    result = pytester.runpytest(
+        "-p", "kill_it", f"--llm-serve={sim(marker)}", *MATRIX, "--llm-timeout=5",
+        "--llm-results=out.json", "--junitxml=out.xml", "-m", "decode",
+    )  # fmt: skip
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(
+        ["*stopped: the server command exited with code * during the run; its log *"]
+    )
+    cells = results_doc("out.json")["by_id"]
+    assert (
+        cells["decode[1K-c1]"]["status"] == "valid" and cells["decode[1K-c2]"]["status"] == "error"
+    )
+    assert 'name="status" value="valid"' in (pytester.path / "out.xml").read_text()
+    assert "Traceback" not in result.stdout.str()
+    assert gone(marker)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--llm-serve= "], "ERROR: --llm-serve=' ': the server command is empty*"),
+        (
+            ["--llm-serve=no-such-server-cmd --port {port}"],
+            "ERROR: --llm-serve=*: the server command 'no-such-server-cmd' is not found*",
+        ),
+        (["--llm-serve=python -m x"], "ERROR: --llm-serve=*: the server command has no port*"),
+        (
+            ["--llm-serve=python -m x --port {port}", "--llm-endpoint=http://gpu-box:8000"],
+            "ERROR: --llm-serve=*: starts a server on this machine, but --llm-endpoint=http://"
+            "gpu-box:8000 is another one: give one of the two",
+        ),
+    ],
+)
+def test_bad_serve_commands_are_one_line(pytester, args, message):
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
