@@ -34,9 +34,12 @@ def test_server_without_usage_in_streams_counts_exactly_where_it_can_and_says_ho
     result.stdout.fnmatch_lines(["note: tokens: the server sends no usage in streams: *"])
     decode = [c for c in _doc(pytester)["cells"] if c["phase"] == "decode"]
     # requests that finished count max_tokens exactly; those cut at the window's end take the
-    # cell's tokens per chunk, and the cell says so
-    assert decode and all(c["tokens"] == "ratio" for c in decode)
-    assert all(any("tokens per chunk" in n for n in c["notes"]) for c in decode)
+    # cell's tokens per chunk, and the cell says so. A window that happens to end while every
+    # stream waits for its next first token cuts no request mid-stream: that cell is exact.
+    says = {"ratio": "tokens per chunk", "max-tokens": "max_tokens at finish_reason length"}
+    assert decode and all(c["tokens"] in says for c in decode)
+    assert all(any(says[c["tokens"]] in n for n in c["notes"]) for c in decode)
+    assert any(c["tokens"] == "ratio" for c in decode)  # 4 cells: all exact is ~1e-4 likely
     assert all(c["total_tok_s"] > 0 and c["tbt_ms"] > 0 for c in decode)
     assert sum(c["early_stops"] for c in decode) == 0  # each one reached max_tokens
 
