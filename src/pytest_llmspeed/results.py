@@ -338,6 +338,10 @@ PROPERTY_KEYS = (
     "tbt_ms", "tbt_p90_ms", "tbt_p99_ms", "avg_active", "completed", "output_tokens",
     "measured_s", "requests", "errors", "early_stops", "tokens", "queued",
     "effective_concurrency", "stability_cv",
+    "total_tok_s_ci_low", "total_tok_s_ci_high", "per_request_tok_s_ci_low",
+    "per_request_tok_s_ci_high", "ttft_ms_ci_low", "ttft_ms_ci_high", "tbt_ms_ci_low",
+    "tbt_ms_ci_high", "prompt_tok_s_ci_low", "prompt_tok_s_ci_high", "precision",
+    "window_end", "drift", "little_residual",
 )  # fmt: skip
 
 # v1 key order of a measured cell (the fields a phase writes even when None)
@@ -350,6 +354,11 @@ _DECODE_KEYS = (
     "received_tokens", "received_chunks", "generation_tokens_delta", "received_span",
     "max_output", "duration_s",
 )  # fmt: skip
+#: keys written only when known (added in 0.2: intervals, drift, Little's law, early ends)
+CI_KEYS = (
+    "total_tok_s_ci", "per_request_tok_s_ci", "ttft_ms_ci", "tbt_ms_ci", "prompt_tok_s_ci",
+)  # fmt: skip
+_OPTIONAL_KEYS = (*CI_KEYS, "ci_method", "drift", "little_residual", "precision", "window_end")
 _ID_KEYS = ("id", "phase", "context", "context_tokens", "context_display", "concurrency", "status")
 _GATE_KEYS = ("baseline", "baseline_checks", "attempts")
 
@@ -398,6 +407,17 @@ class CellRecord:
     max_output: int | None = None
     duration_s: float | None = None
     samples: Samples | None = None
+    # uncertainty (docs/metrics.md, "Uncertainty"); written only when known
+    total_tok_s_ci: tuple[float, float] | None = None
+    per_request_tok_s_ci: tuple[float, float] | None = None
+    ttft_ms_ci: tuple[float, float] | None = None
+    tbt_ms_ci: tuple[float, float] | None = None
+    prompt_tok_s_ci: tuple[float, float] | None = None
+    ci_method: str | None = None  # of total tok/s: "batch means (k=16)"
+    drift: float | None = None  # a trend flagged in the window: fitted change (− = slowing)
+    little_residual: float | None = None  # λ·W / N − 1 over the window
+    precision: float | None = None  # the half-width total tok/s reached, as a fraction
+    window_end: str | None = None  # with --llm-precision: "precision" (early) or "duration"
     # the gate
     gate: GateVerdict | None = None
     attempts: tuple[Mapping[str, float | None], ...] = ()
@@ -448,6 +468,9 @@ class CellRecord:
     def properties(self) -> list[tuple[str, Any]]:
         """The record's scalar figures as JUnit ``user_properties``."""
         flat = self.to_v1()
+        for key in CI_KEYS:  # an interval as two scalars
+            if key in flat:
+                flat[f"{key}_low"], flat[f"{key}_high"] = flat.pop(key)
         return [
             (key, flat[key])
             for key in PROPERTY_KEYS
@@ -482,6 +505,10 @@ class CellRecord:
                 samples["tbt_ms"] = list(self.samples.tbt_ms)
                 samples["per_request_tok_s"] = list(self.samples.per_request_tok_s)
             out["samples"] = samples
+        for key in _OPTIONAL_KEYS:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = list(value) if isinstance(value, tuple) else value
         if self.gate is not None:
             out["baseline"] = self.gate.outcome.value
             if self.gate.checks:
@@ -504,6 +531,11 @@ class CellRecord:
             "reason": data.get("reason"),
         }
         known = set(_ID_KEYS) | set(_GATE_KEYS) | {"reason", "samples", "notes"}
+        for key in _OPTIONAL_KEYS:
+            if data.get(key) is not None:
+                value = data[key]
+                kwargs[key] = (float(value[0]), float(value[1])) if key in CI_KEYS else value
+                known.add(key)
         if "samples" in data:
             keys = _PREFILL_KEYS if cid.phase is Phase.PREFILL else _DECODE_KEYS
             for key in keys:

@@ -54,6 +54,8 @@ class BenchConfig:
     max_model_len: int | None = None  # given by the user: wins over the server's
     prefill_repeats: int = 1  # cold requests per prefill cell; the figure is their median
     text_prompts: bool = False  # completions prompts as text sized with /tokenize, not ids
+    precision: float | None = None  # end a decode window early at this interval half-width
+    min_duration: float = 5.0  # ... but not before this many seconds
 
 
 @dataclass
@@ -152,6 +154,8 @@ class Bench:
                 cfg.max_output,
                 cfg.duration,
                 watch_metrics=self.server.has_metrics,
+                precision=cfg.precision,
+                min_duration=cfg.min_duration,
             )
         )
 

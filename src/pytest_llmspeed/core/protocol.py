@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from .client import (
     CHUNK_COUNT,
     EXACT,
@@ -30,6 +32,7 @@ from .client import (
     stream_request,
 )
 from .errors import KeyRejected, LLMSpeedError, RequestRejected
+from .intervals import batch_means, trend
 from .probe import SNAPSHOT_FAMILIES, MetricsSnapshot, read_metrics, snapshot
 from .prompts import PromptFactory
 from .stats import DecodeStats, RequestTrace, decode_stats, prompt_tok_s
@@ -208,6 +211,19 @@ class DecodeResult:
     # prompt lengths the server counted (usage.prompt_tokens) that were not C: {tokens: requests}
     wrong_lengths: dict[int, int] = field(default_factory=dict)
     records: list[StreamRecord] = field(default_factory=list, repr=False)
+    precision_goal: float | None = None  # --llm-precision: the half-width the window aimed at
+    ended_precise: bool = False  # the window ended early, its interval narrow enough
+
+    @property
+    def window_words(self) -> str | None:
+        """What the window reached: ``±1.3 % after 7.0 s`` (ended early) or ``window ended at
+        30 s with ±2.6 %`` (only said when a precision was asked for)."""
+        reached = self.stats.precision
+        if self.precision_goal is None or reached is None:
+            return None
+        if self.ended_precise:
+            return f"±{reached:.1%} after {self.stats.measured_s:.1f} s"
+        return f"window ended at {self.stats.measured_s:g} s with ±{reached:.1%}"
 
     @property
     def error_rate(self) -> float:
@@ -225,9 +241,14 @@ async def run_decode(
     duration: float,
     watch_metrics: bool = True,
     open_timeout: float | None = None,
+    precision: float | None = None,
+    min_duration: float = 5.0,
 ) -> DecodeResult:
     """N streams in flight, restarted at once; a D-second window opened when the first N
-    streams all have their first token; every open stream cancelled at the window's end."""
+    streams all have their first token; every open stream cancelled at the window's end.
+
+    With ``precision`` (a fraction), the window ends early once it is ``min_duration`` long,
+    the 95 % interval of total tok/s is at most that fraction of it, and no drift is seen."""
     n = concurrency
     records: list[StreamRecord] = []
     slots_with_token: set[int] = set()
@@ -248,6 +269,8 @@ async def run_decode(
     loop = asyncio.get_running_loop()
 
     window_open_at: list[float] = []
+    ended_precise = False
+    live = _LiveEvents()
 
     def first_token(slot: int) -> Callable[[StreamRecord], None]:
         def callback(rec: StreamRecord) -> None:
@@ -311,12 +334,19 @@ async def run_decode(
             w1 = w0 + duration
             if before is not None:
                 span_open = await _timed_metrics(conn)
+            step = 1.0 if precision is None else 0.5
             while time.perf_counter() < w1 and aborted is None:
                 if watch_metrics and before is not None:
                     snap = await _metrics(conn)
                     if snap is not None:
                         samples.append(snap)
-                await asyncio.sleep(min(1.0, max(w1 - time.perf_counter(), 0)))
+                now = time.perf_counter()
+                if precision is not None and now - w0 >= min_duration and now < w1:
+                    live.update(records)
+                    if live.precise_enough(w0, now, precision):
+                        w1, ended_precise = now, True
+                        break
+                await asyncio.sleep(min(step, max(w1 - time.perf_counter(), 0)))
             t_stop = min(time.perf_counter(), w1)
             if span_open is not None and aborted is None:
                 span_close = await _timed_metrics(conn)
@@ -345,7 +375,48 @@ async def run_decode(
         samples,
         aborted,
     )
-    return dataclasses.replace(result, aborted_setting=aborted_setting)
+    return dataclasses.replace(
+        result,
+        aborted_setting=aborted_setting,
+        precision_goal=precision,
+        ended_precise=ended_precise,
+    )
+
+
+class _LiveEvents:
+    """SSE events received so far, by arrival time, read incrementally from the records' raw
+    reads: the window's running throughput while the streams are open (tokens are counted
+    only after a stream ends; per event they are near enough for a relative precision)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.counts: list[int] = []
+        self.cursor: list[int] = []
+
+    def update(self, records: list[StreamRecord]) -> None:
+        self.cursor.extend([0] * (len(records) - len(self.cursor)))
+        for i, rec in enumerate(records):
+            reads = rec.reads
+            for t, data in reads[self.cursor[i] :]:
+                n = data.count(b"data:")
+                if n:
+                    self.times.append(t)
+                    self.counts.append(n)
+            self.cursor[i] = len(reads)
+
+    def precise_enough(self, w0: float, now: float, goal: float) -> bool:
+        """Is total throughput over [w0, now) known to ``goal`` (interval half-width, as a
+        fraction), with no drift that an early end would hide?"""
+        times = np.asarray(self.times, dtype=np.float64)
+        counts = np.asarray(self.counts, dtype=np.float64)
+        bm = batch_means(times, counts, w0, now)
+        if bm is None:
+            return False
+        value = float(counts[(times >= w0) & (times < now)].sum()) / (now - w0)
+        if value <= 0 or bm.interval.half_width_rel(value) > goal:
+            return False
+        drift = trend(bm.fine_rates)
+        return drift is None or not drift.flagged
 
 
 async def _timed_metrics(conn: Connection) -> tuple[float, float, MetricsSnapshot | None]:
@@ -429,7 +500,7 @@ def _decode_result(
                 error=rec.error,
             )
         )
-    stats = decode_stats(traces, w0, w1)
+    stats = decode_stats(traces, w0, w1, n)
     gen_delta = None
     span_min: int | None = None
     span_max: int | None = None

@@ -4,7 +4,12 @@
 from __future__ import annotations
 
 from ..results import CellId, CellRecord, Samples, Status
+from .intervals import Interval, median_interval
 from .protocol import DecodeResult, PrefillResult
+
+
+def _ci(interval: Interval | None, nd: int) -> tuple[float, float] | None:
+    return None if interval is None else interval.as_pair(nd)
 
 
 def _r(x: float | None, nd: int = 3) -> float | None:
@@ -14,6 +19,11 @@ def _r(x: float | None, nd: int = 3) -> float | None:
 def prefill_record(context: int | str, result: PrefillResult) -> CellRecord:
     """A valid prefill cell at ``context`` (as the user gave it: 8192 or "max")."""
     samples = result.samples_ms or (result.ttft_ms,)
+    ttft_ci = median_interval(samples)  # from 6 repeats on
+    prompt_ci = None
+    if ttft_ci is not None and ttft_ci.low > 0:  # prompt tok/s falls as TTFT rises
+        c = result.prompt_tokens * 1e3
+        prompt_ci = (round(c / ttft_ci.high, 2), round(c / ttft_ci.low, 2))
     return CellRecord(
         id=CellId.prefill(context),
         status=Status.VALID,
@@ -24,6 +34,8 @@ def prefill_record(context: int | str, result: PrefillResult) -> CellRecord:
         max_tokens=result.max_tokens,
         repeats=len(samples),
         samples=Samples(ttft_ms=tuple(round(x, 2) for x in samples)),
+        ttft_ms_ci=_ci(ttft_ci, 2),
+        prompt_tok_s_ci=prompt_ci,
     )
 
 
@@ -64,6 +76,21 @@ def decode_record(context: int | str, result: DecodeResult) -> CellRecord:
         max_output=result.max_output,
         duration_s=result.duration_s,
         notes=(result.token_note,) if result.token_note else (),
+        total_tok_s_ci=_ci(s.total_ci, 2),
+        per_request_tok_s_ci=_ci(s.per_request_ci, 2),
+        ttft_ms_ci=_ci(s.ttft_ci, 2),
+        tbt_ms_ci=_ci(s.tbt_ci, 4),
+        ci_method=s.total_ci.method if s.total_ci else None,
+        drift=round(s.drift.change, 4) if s.drift and s.drift.flagged else None,
+        little_residual=_r(s.little_residual, 4),
+        precision=_r(s.precision, 4) if result.precision_goal is not None else None,
+        window_end=(
+            None
+            if result.precision_goal is None
+            else "precision"
+            if result.ended_precise
+            else "duration"
+        ),
         samples=Samples(
             ttft_ms=tuple(s.ttft_samples_ms),
             tbt_ms=tuple(s.tbt_samples_ms),

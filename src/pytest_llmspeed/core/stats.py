@@ -11,6 +11,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .intervals import (
+    BatchMeans,
+    Drift,
+    Interval,
+    batch_means,
+    little_residual,
+    median_interval,
+    per_request_interval,
+    trend,
+)
+
 
 @dataclass(frozen=True)
 class RequestTrace:
@@ -47,14 +58,39 @@ class DecodeStats:
     ttft_samples_ms: list[float] = field(default_factory=list)
     tbt_samples_ms: list[float] = field(default_factory=list)
     per_request_samples: list[float] = field(default_factory=list)
+    # uncertainty (docs/metrics.md, "Uncertainty")
+    total_ci: Interval | None = None
+    per_request_ci: Interval | None = None
+    ttft_ci: Interval | None = None
+    tbt_ci: Interval | None = None
+    batches: BatchMeans | None = None
+    drift: Drift | None = None
+    little_residual: float | None = None
+
+    @property
+    def precision(self) -> float | None:
+        """Half-width of total tok/s's interval, as a fraction of it."""
+        if self.total_ci is None or self.total_tok_s <= 0:
+            return None
+        return self.total_ci.half_width_rel(self.total_tok_s)
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
 
 
-def decode_stats(traces: Sequence[RequestTrace], w0: float, w1: float) -> DecodeStats:
-    """Apply the sustained-decode definitions to the requests of a window [w0, w1)."""
+def window_tokens(traces: Sequence[RequestTrace]) -> tuple[np.ndarray, np.ndarray]:
+    """Every chunk's arrival time and token count, all requests together."""
+    times = [t for tr in traces for t in tr.token_times]
+    counts = [c for tr in traces for c in tr.token_counts]
+    return np.asarray(times, dtype=np.float64), np.asarray(counts, dtype=np.float64)
+
+
+def decode_stats(
+    traces: Sequence[RequestTrace], w0: float, w1: float, concurrency: int | None = None
+) -> DecodeStats:
+    """Apply the sustained-decode definitions to the requests of a window [w0, w1), with the
+    figures' intervals, the drift test and (given the concurrency) the Little's-law check."""
     measured = max(w1 - w0, 0.0)
     out_tokens = 0
     rates: list[float] = []
@@ -99,9 +135,23 @@ def decode_stats(traces: Sequence[RequestTrace], w0: float, w1: float) -> Decode
         full = per_second[: int(measured)] if int(measured) >= 3 else per_second
         mean = float(full.mean())
         cv = float(full.std(ddof=1) / mean) if mean > 0 else None
+    total_tok_s = out_tokens / measured if measured > 0 else 0.0
+    bm = batch_means(*window_tokens(traces), w0, w1) if measured > 0 else None
+    per_request_ci = None
+    if bm is not None and per_request is not None:
+        arrays = [
+            (np.asarray(tr.token_times, dtype=np.float64), np.asarray(tr.token_counts))
+            for tr in traces
+            if len(tr.token_times)
+        ]
+        per_request_ci = per_request_interval(arrays, w0, w1, bm.batches, per_request)
+    little = None
+    if concurrency:
+        spans = [(tr.t_send, tr.t_end) for tr in traces]
+        little = little_residual(spans, w0, w1, concurrency)
     return DecodeStats(
         output_tokens=out_tokens,
-        total_tok_s=out_tokens / measured if measured > 0 else 0.0,
+        total_tok_s=total_tok_s,
         per_request_tok_s=per_request,
         ttft_ms=_median(ttfts),
         ttft_p90_ms=_pct(ttfts, 90),
@@ -119,6 +169,13 @@ def decode_stats(traces: Sequence[RequestTrace], w0: float, w1: float) -> Decode
         ttft_samples_ms=[round(x, 3) for x in ttfts],
         tbt_samples_ms=[round(x, 4) for x in tbts],
         per_request_samples=[round(x, 3) for x in rates],
+        total_ci=bm.interval if bm else None,
+        per_request_ci=per_request_ci,
+        ttft_ci=median_interval(ttfts),
+        tbt_ci=median_interval(tbts),
+        batches=bm,
+        drift=trend(bm.fine_rates) if bm else None,
+        little_residual=little,
     )
 
 

@@ -111,6 +111,8 @@ class LLMSpeedRun:
                 api=s.api,
                 max_output=s.max_output,
                 duration=s.duration,
+                precision=s.precision,
+                min_duration=s.min_duration,
                 prefill_repeats=s.prefill_repeats,
                 text_prompts=s.prompt_form == "text",
                 timeout=s.timeout,
@@ -297,10 +299,18 @@ class LLMSpeedRun:
             ),
             f"llmspeed: api {s.api} ({'token-id' if self.prompt_form == 'ids' else 'text'} "
             "prompts) · "
-            f"max output {s.max_output} · window {s.duration:g} s · "
+            f"max output {s.max_output} · {self.window_words} · "
             f"contexts {','.join(context_label(c) for c in s.contexts)} · "
             f"concurrency {','.join(map(str, s.concurrency))}",
         ]
+
+    @property
+    def window_words(self) -> str:
+        """``window 30 s``, or with --llm-precision ``window 5–30 s, until ±2%``."""
+        s = self.settings
+        if s.precision is None:
+            return f"window {s.duration:g} s"
+        return f"window {s.min_duration:g}–{s.duration:g} s, until ±{s.precision:.1%}"
 
     def redact(self, text: str) -> str:
         return redact(text, self.settings.api_key)

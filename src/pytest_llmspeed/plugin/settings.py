@@ -89,6 +89,17 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("duration", "seconds of each decode cell's measurement window", default="30"),
     Option(
+        "precision",
+        "end a decode cell's window early once the 95 % interval of its total tok/s is within "
+        "this fraction of it, e.g. 2% or 0.02 (after --llm-min-duration; --llm-duration at "
+        "the latest). Off by default: fixed windows, comparable with the reference page",
+    ),
+    Option(
+        "min-duration",
+        "seconds a decode window lasts at least when --llm-precision may end it early",
+        default="5",
+    ),
+    Option(
         "prefill-repeats",
         "cold requests per prefill cell, each on a fresh prefix; the cell's TTFT is their median",
         default="1",
@@ -194,6 +205,8 @@ class Settings:
     prefill_contexts: tuple[int | str, ...] = ()
     concurrency: tuple[int, ...] = ()
     duration: float = 30.0
+    precision: float | None = None
+    min_duration: float = 5.0
     prefill_repeats: int = 1
     max_output: int = 4096
     kv_capacity: int | None = None
@@ -235,6 +248,8 @@ class Settings:
             "prefill_contexts": [str(c) for c in self.prefill_contexts],
             "concurrency": list(self.concurrency),
             "duration_s": self.duration,
+            "precision": self.precision,
+            "min_duration_s": self.min_duration if self.precision is not None else None,
             "prefill_repeats": self.prefill_repeats,
             "max_output": self.max_output,
             "kv_capacity_option": self.kv_capacity,
@@ -336,6 +351,15 @@ def load(config: pytest.Config) -> Settings:
             endpoint,
             "use a URL such as http://127.0.0.1:8000, or 'sim' for the built-in simulator",
         )
+    min_duration = values["min_duration"] or 5.0
+    if values["precision"] is not None and min_duration > (values["duration"] or 30.0):
+        opt = next(o for o in OPTIONS if o.name == "min-duration")
+        raise _bad(
+            raw_value(config, opt)[1],
+            str(values["min_duration"]),
+            f"is longer than --llm-duration ({values['duration'] or 30.0:g} s): a window "
+            "that may end early must be allowed to: lower it, or raise --llm-duration",
+        )
     if values["prefill_contexts"] is None:
         values["prefill_contexts"] = values["contexts"]
     notes = []
@@ -418,7 +442,9 @@ def _convert(key: str, value: str) -> Any:
         return tuple(parse_contexts(value))
     if key == "concurrency":
         return tuple(parse_concurrency(value))
-    if key in ("duration", "timeout", "serve_timeout"):
+    if key == "precision":
+        return _precision(value)
+    if key in ("duration", "timeout", "serve_timeout", "min_duration"):
         number = _float(value, "must be a positive number of seconds")
         if not math.isfinite(number) or number <= 0:
             raise ValueError("must be a positive number of seconds")
@@ -453,6 +479,22 @@ def _convert(key: str, value: str) -> Any:
 
         return redact_secrets(value.strip())
     return value
+
+
+def _precision(value: str) -> float:
+    """``2%`` or ``0.02`` → 0.02; a fraction in (0, 0.5]."""
+    text = value.strip()
+    why = "give the interval's half-width as a percentage or a fraction, e.g. 2% or 0.02"
+    number = _float(text[:-1], why) / 100 if text.endswith("%") else _float(text, why)
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"must be above 0: {why}")
+    if number > 0.5:
+        raise ValueError(
+            "is wider than ±50 %, which no window needs to reach: " + why
+            if text.endswith("%")
+            else f"is {number:g}, read as a fraction (±{number:.0%}): {why}"
+        )
+    return number
 
 
 def _float(value: str, why: str) -> float:

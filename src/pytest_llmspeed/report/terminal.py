@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from tabulate import tabulate
 
+from ..core.intervals import LITTLE_TOLERANCE
 from ..gate.verdict import Accounting
 from ..results import CellRecord, Phase, Status, order_contexts
 
@@ -33,6 +34,19 @@ def fmt_ms(x: float | None) -> str:
 
 def fmt_tbt(x: float | None) -> str:
     return "—" if x is None else f"{x:,.1f} ms"
+
+
+def pm(value: float | None, ci: tuple[float, float] | None) -> str:
+    """`` ±0.4%``: the larger side of a 95 % interval, as a fraction of the value ('' if
+    there is none)."""
+    if value is None or ci is None or value == 0:
+        return ""
+    half = max(value - ci[0], ci[1] - value) / abs(value)
+    return f" ±{half:.1%}" if half < 0.0995 else f" ±{half:.0%}"
+
+
+def fmt_ci_ms(ci: tuple[float, float] | None, digits: int = 0) -> str:
+    return "" if ci is None else f" [{ci[0]:,.{digits}f}–{ci[1]:,.{digits}f}]"
 
 
 def _row_label(cells: list[CellRecord], ctx: str) -> str:
@@ -120,16 +134,26 @@ def details_table(cells: list[CellRecord]) -> str:
             rows.append(head + ["—"] * 8)
         elif c.phase is Phase.PREFILL:
             rows.append(
-                [*head, fmt_rate(c.prompt_tok_s), "—", fmt_ms(c.ttft_ms), "—", "—", 1, "—", "—"]
+                [
+                    *head,
+                    fmt_rate(c.prompt_tok_s) + pm(c.prompt_tok_s, c.prompt_tok_s_ci),
+                    "—",
+                    fmt_ms(c.ttft_ms) + fmt_ci_ms(c.ttft_ms_ci),
+                    "—",
+                    "—",
+                    c.repeats or 1,
+                    "—",
+                    "—",
+                ]
             )
         else:
             rows.append(
                 [
                     *head,
-                    fmt_rate(c.total_tok_s),
-                    fmt_rate(c.per_request_tok_s),
-                    fmt_ms(c.ttft_ms),
-                    fmt_tbt(c.tbt_ms),
+                    fmt_rate(c.total_tok_s) + pm(c.total_tok_s, c.total_tok_s_ci),
+                    fmt_rate(c.per_request_tok_s) + pm(c.per_request_tok_s, c.per_request_tok_s_ci),
+                    fmt_ms(c.ttft_ms) + fmt_ci_ms(c.ttft_ms_ci),
+                    fmt_tbt(c.tbt_ms) + fmt_ci_ms(c.tbt_ms_ci, 2),
                     f"{c.avg_active or 0:.1f}",
                     c.completed,
                     f"{c.output_tokens or 0:,}",
@@ -172,6 +196,30 @@ def cell_flags(c: CellRecord) -> list[str]:
         why.append(f"{c.early_stops} request(s) ended before max output")
     if (c.stability_cv or 0) > 0.1:
         why.append(f"unstable: per-second throughput varies {c.stability_cv:.0%}")
+    why.extend(uncertainty_flags(c))
+    return why
+
+
+def uncertainty_flags(c: CellRecord) -> list[str]:
+    """The window's end (with --llm-precision), drift and the Little's-law check, in words."""
+    why = []
+    if c.window_end == "precision" and c.precision is not None:
+        why.append(f"±{c.precision:.1%} after {c.measured_s or 0:.1f} s (window ended early)")
+    elif c.window_end == "duration" and c.precision is not None:
+        why.append(f"window ended at {c.measured_s or 0:g} s with ±{c.precision:.1%}")
+    if c.drift is not None:
+        way = "fell" if c.drift < 0 else "rose"
+        why.append(
+            f"drift: total tok/s {way} {abs(c.drift):.1%} over the window (a trend, not "
+            "noise): the figure depends on when the window was taken"
+        )
+    if c.little_residual is not None and abs(c.little_residual) > LITTLE_TOLERANCE:
+        held = c.concurrency * (1 + c.little_residual)
+        why.append(
+            f"Little's law: {held:.2f} requests in flight on average (λ·W), asked "
+            f"{c.concurrency} ({c.little_residual:+.1%}): the client did not keep "
+            f"{c.concurrency} in flight (late restarts or failing requests)"
+        )
     return why
 
 

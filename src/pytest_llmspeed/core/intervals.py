@@ -1,0 +1,295 @@
+"""Uncertainty of a cell's figures: confidence intervals, a drift test, a Little's-law check.
+
+Pure functions of recorded numbers (docs/metrics.md, "Uncertainty"):
+
+- throughput (total and per-request tok/s): **batch means** over the window, with the number
+  of batches chosen by a test of the batch means' serial correlation (Fishman's LBATCH rule
+  with the von Neumann ratio); Student's t on the batches that pass;
+- medians (TTFT, time between tokens, prefill repeats): the distribution-free **order-statistic**
+  interval of a median (the binomial ranks around n/2);
+- drift: the least-squares slope of the fine batches over time, its standard error widened for
+  the residuals' lag-1 autocorrelation (an effective sample size), tested at 1 %;
+- Little's law: requests that left the system per second × their mean time in it, against the
+  requests the protocol keeps in flight.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+LEVEL = 0.95
+#: batches the throughput interval starts from, and the fewest it merges down to
+START_BATCHES = 32
+MIN_BATCHES = 8
+#: a batch is at least this long (s): shorter windows get fewer batches
+MIN_BATCH_S = 0.1
+#: the von Neumann test's level: batch means are taken as uncorrelated unless the test rejects
+#: at 10 % (Fishman's choice: a conservative test favours longer batches)
+VON_NEUMANN_ALPHA = 0.10
+#: drift: a trend significant at 1 % that moves the figure by at least this much over the window
+DRIFT_ALPHA = 0.01
+DRIFT_MIN_CHANGE = 0.01
+#: Little's law: a note when the requests in flight differ from those asked by more than this
+LITTLE_TOLERANCE = 0.05
+
+
+def _z(p: float) -> float:
+    """The standard normal quantile (Acklam's rational approximation, |error| < 1.2e-9)."""
+    if not 0 < p < 1:
+        raise ValueError("p must be in (0, 1)")
+    a = (-39.69683028665376, 220.9460984245205, -275.9285104469687, 138.3577518672690,
+         -30.66479806614716, 2.506628277459239)  # fmt: skip
+    b = (-54.47609879822406, 161.5858368580409, -155.6989798598866, 66.80131188771972,
+         -13.28068155288572)  # fmt: skip
+    c = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838, -2.549732539343734,
+         4.374664141464968, 2.938163982698783)  # fmt: skip
+    d = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996, 3.754408661907416)
+    lo = 0.02425
+    if p < lo:
+        q = math.sqrt(-2 * math.log(p))
+        num = ((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]
+        return num / ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1)
+    if p > 1 - lo:
+        return -_z(1 - p)
+    q = p - 0.5
+    r = q * q
+    num = (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q
+    return num / (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Student's t quantile by the Cornish-Fisher expansion in 1/df (Abramowitz & Stegun
+    26.7.5): within 0.2 % of the exact value for df ≥ 5 at p = 0.975, exact as df → ∞."""
+    if df <= 0:
+        raise ValueError("df must be positive")
+    z = _z(p)
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160
+    return z + g1 / df + g2 / df**2 + g3 / df**3 + g4 / df**4
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A confidence interval of a figure (``LEVEL``), and how it was made."""
+
+    low: float
+    high: float
+    method: str  # "batch means (k=16)", "order statistics (n=40)"
+
+    def half_width_rel(self, value: float) -> float:
+        """The larger side's distance from ``value``, as a fraction of it."""
+        if value == 0:
+            return math.inf
+        return max(value - self.low, self.high - value) / abs(value)
+
+    def as_pair(self, digits: int = 3) -> tuple[float, float]:
+        return (round(self.low, digits), round(self.high, digits))
+
+
+# -- batch means ---------------------------------------------------------------------------
+
+
+def von_neumann_correlated(
+    means: Sequence[float] | np.ndarray, alpha: float = VON_NEUMANN_ALPHA
+) -> bool:
+    """Do successive batch means look positively correlated? Young's C statistic (von Neumann's
+    ratio of successive differences to variance), one-sided at ``alpha``."""
+    x = np.asarray(means, dtype=np.float64)
+    k = len(x)
+    if k < 4:
+        return False
+    dev = x - x.mean()
+    ss = float(dev @ dev)
+    if ss == 0:
+        return False
+    c = 1 - float(np.sum(np.diff(x) ** 2)) / (2 * ss)
+    return c / math.sqrt((k - 2) / (k * k - 1)) > _z(1 - alpha)
+
+
+def batch_counts(times: np.ndarray, counts: np.ndarray, w0: float, w1: float, k: int) -> np.ndarray:
+    """Tokens that arrived in each of ``k`` equal batches of [w0, w1)."""
+    inside = (times >= w0) & (times < w1)
+    idx = np.minimum(((times[inside] - w0) / (w1 - w0) * k).astype(np.int64), k - 1)
+    out = np.zeros(k, dtype=np.float64)
+    np.add.at(out, idx, counts[inside])
+    return out
+
+
+def start_batches(measured_s: float) -> int:
+    """How many batches a window of this length starts from (a power of two, so merging pairs
+    halves it): 32 when each batch is at least ``MIN_BATCH_S`` long, fewer for short windows."""
+    k = START_BATCHES
+    while k > MIN_BATCHES and measured_s / k < MIN_BATCH_S:
+        k //= 2
+    return k
+
+
+@dataclass(frozen=True)
+class BatchMeans:
+    """The throughput interval of a window by batch means."""
+
+    interval: Interval
+    batches: int  # the batches the interval uses
+    correlated: bool  # the batch means still looked correlated at MIN_BATCHES
+    rates: tuple[float, ...]  # tok/s of each batch used
+    fine_rates: tuple[float, ...]  # tok/s of the batches it started from (the drift test's)
+
+
+def batch_means(times: np.ndarray, counts: np.ndarray, w0: float, w1: float) -> BatchMeans | None:
+    """The 95 % interval of total tok/s over [w0, w1): the window cut into k batches, merged in
+    pairs while the von Neumann test finds their means correlated (not below 8). None for a
+    window too short for 8 batches of ``MIN_BATCH_S``."""
+    measured = w1 - w0
+    if measured < MIN_BATCHES * MIN_BATCH_S:
+        return None
+    k = start_batches(measured)
+    tokens = batch_counts(times, counts, w0, w1, k)
+    fine = tuple(float(r) for r in tokens / (measured / k))
+    correlated = von_neumann_correlated(tokens)
+    while correlated and k > MIN_BATCHES:
+        tokens = tokens.reshape(-1, 2).sum(axis=1)
+        k //= 2
+        correlated = von_neumann_correlated(tokens)
+    rates = tokens / (measured / k)
+    mean = float(tokens.sum()) / measured
+    half = t_quantile(0.5 + LEVEL / 2, k - 1) * float(rates.std(ddof=1)) / math.sqrt(k)
+    return BatchMeans(
+        Interval(mean - half, mean + half, f"batch means (k={k})"),
+        k,
+        correlated,
+        tuple(float(r) for r in rates),
+        fine,
+    )
+
+
+def per_request_interval(
+    requests: Sequence[tuple[np.ndarray, np.ndarray]],
+    w0: float,
+    w1: float,
+    k: int,
+    value: float,
+) -> Interval | None:
+    """The interval of per-request tok/s: the METRICS.md definition applied to each of the
+    ``k`` batches (the token-weighted mean of each request's rate inside the batch); their
+    standard error by batch means, centred on the whole window's ``value``."""
+    edges = np.linspace(w0, w1, k + 1)
+    figures = []
+    for j in range(k):
+        a, b = edges[j], edges[j + 1]
+        num = den = 0.0
+        for times, counts in requests:
+            inside = (times >= a) & (times < b)
+            if not inside.any():
+                continue
+            t_in = times[inside]
+            n_i = float(counts[inside].sum())
+            if n_i >= 2 and t_in[-1] > t_in[0]:
+                num += n_i * (n_i - 1) / (t_in[-1] - t_in[0])
+                den += n_i
+        if den:
+            figures.append(num / den)
+    if len(figures) < MIN_BATCHES // 2:
+        return None
+    f = np.asarray(figures)
+    half = t_quantile(0.5 + LEVEL / 2, len(f) - 1) * float(f.std(ddof=1)) / math.sqrt(len(f))
+    return Interval(value - half, value + half, f"batch means (k={len(f)})")
+
+
+# -- medians -------------------------------------------------------------------------------
+
+
+def _binom_cdf_half(n: int, r: int) -> float:
+    """P(Binomial(n, 1/2) ≤ r)."""
+    if r < 0:
+        return 0.0
+    if n > 1000:  # normal approximation with continuity correction
+        return 0.5 * math.erfc(-((r + 0.5 - n / 2) / math.sqrt(n / 4)) / math.sqrt(2))
+    return math.fsum(math.comb(n, i) for i in range(r + 1)) / 2.0**n
+
+
+def median_interval(values: Sequence[float]) -> Interval | None:
+    """The distribution-free 95 % interval of a median: order statistics x(l) and x(n+1−l),
+    l the largest rank with P(Bin(n, ½) ≤ l − 1) ≤ 2.5 %. None below 6 values (no pair of
+    ranks covers 95 % then)."""
+    n = len(values)
+    if n < 6:
+        return None
+    tail = (1 - LEVEL) / 2
+    lo_rank = 0  # 1-based rank l
+    while _binom_cdf_half(n, lo_rank) <= tail:
+        lo_rank += 1
+    if lo_rank == 0:
+        return None
+    x = np.sort(np.asarray(values, dtype=np.float64))
+    return Interval(float(x[lo_rank - 1]), float(x[n - lo_rank]), f"order statistics (n={n})")
+
+
+# -- drift ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A trend of throughput inside the window."""
+
+    change: float  # fitted change over the window, as a fraction of the mean (− = slowing)
+    t_stat: float
+    significant: bool  # |t| beyond the 1 % level with the effective sample size
+    material: bool  # |change| ≥ DRIFT_MIN_CHANGE
+
+    @property
+    def flagged(self) -> bool:
+        return self.significant and self.material
+
+    def words(self, what: str = "total tok/s") -> str:
+        way = "fell" if self.change < 0 else "rose"
+        return (
+            f"drift: {what} {way} {abs(self.change):.1%} over the window (a trend, not noise: "
+            f"t = {self.t_stat:+.1f}); the figure depends on when the window was taken"
+        )
+
+
+def trend(rates: Sequence[float]) -> Drift | None:
+    """Least-squares slope of a rate series over equal batches, tested against zero with its
+    standard error widened for the residuals' lag-1 autocorrelation (n_eff = n(1−r)/(1+r))."""
+    y = np.asarray(rates, dtype=np.float64)
+    n = len(y)
+    if n < 6 or y.mean() <= 0:
+        return None
+    x = np.arange(n, dtype=np.float64) - (n - 1) / 2
+    sxx = float(x @ x)
+    slope = float(x @ (y - y.mean())) / sxx
+    resid = y - y.mean() - slope * x
+    ss = float(resid @ resid)
+    r1 = float(resid[1:] @ resid[:-1]) / ss if ss > 0 else 0.0
+    r1 = min(max(r1, 0.0), 0.95)
+    n_eff = max(n * (1 - r1) / (1 + r1), 3.0)
+    se = math.sqrt(ss / (n - 2) / sxx * (n - 2) / max(n_eff - 2, 1.0)) if ss > 0 else 0.0
+    t_stat = slope / se if se > 0 else (0.0 if slope == 0 else math.copysign(math.inf, slope))
+    change = slope * n / float(y.mean())
+    crit = t_quantile(1 - DRIFT_ALPHA / 2, max(n_eff - 2, 1.0))
+    return Drift(change, t_stat, abs(t_stat) > crit, abs(change) >= DRIFT_MIN_CHANGE)
+
+
+# -- Little's law --------------------------------------------------------------------------
+
+
+def little_residual(
+    spans: Sequence[tuple[float, float]], w0: float, w1: float, concurrency: int
+) -> float | None:
+    """λ·W / N − 1 over the window: λ the requests that left the system in (w0, w1] per second
+    (finished, failed, or cut at the window's end), W their mean time in the system (from
+    send to end, the part before the window included). The protocol opens the window when the
+    first N streams have their first token, so the time before it is one TTFT: λ·W ≈ N when
+    the client keeps N in flight, and falls below when it restarts late. None without one."""
+    measured = w1 - w0
+    gone = [min(end, w1) - start for start, end in spans if w0 < min(end, w1) <= w1]
+    if not gone or measured <= 0 or concurrency <= 0:
+        return None
+    rate = len(gone) / measured
+    return rate * (sum(gone) / len(gone)) / concurrency - 1
