@@ -207,15 +207,31 @@ def _minus(text: str) -> str:
     return text.replace("-", "−")
 
 
+Pair = tuple[float, float]
+
+
+def _sides(value: float, ci: Pair | None) -> tuple[float, float]:
+    """How far a 95 % interval reaches below and above its value (0, 0 without one)."""
+    if ci is None:
+        return 0.0, 0.0
+    return max(value - ci[0], 0.0), max(ci[1] - value, 0.0)
+
+
 @dataclass(frozen=True)
 class Check:
-    """One figure of one cell against its baseline reference, over one or more attempts."""
+    """One figure of one cell against its baseline reference, over one or more attempts.
+
+    With intervals on both sides (the baseline's ``reference_ci`` and every attempt's), a
+    figure misses only when it is worse than the limit beyond both intervals combined
+    (docs/gate.md, "With intervals"); without, when it is worse than the limit."""
 
     cell: str
     metric: str
     reference: float
     tolerance: float
     values: tuple[float, ...]  # one per attempt that measured the figure
+    reference_ci: Pair | None = None
+    values_ci: tuple[Pair | None, ...] = ()  # one per attempt, when the attempts had them
 
     @property
     def is_floor(self) -> bool:
@@ -232,29 +248,86 @@ class Check:
         return sum(self.values) / len(self.values)
 
     @property
+    def uses_intervals(self) -> bool:
+        return (
+            self.reference_ci is not None
+            and len(self.values_ci) == len(self.values)
+            and all(ci is not None for ci in self.values_ci)
+        )
+
+    @property
+    def value_ci(self) -> Pair | None:
+        """The interval of the mean of the attempts (independent attempts: half-widths add in
+        quadrature, divided by their number)."""
+        if not self.uses_intervals:
+            return None
+        k = len(self.values)
+        sides = [_sides(v, ci) for v, ci in zip(self.values, self.values_ci, strict=True)]
+        low = math.sqrt(sum(a * a for a, _ in sides)) / k
+        high = math.sqrt(sum(b * b for _, b in sides)) / k
+        return (self.value - low, self.value + high)
+
+    def _margin(self, value: float, ci: Pair | None) -> float:
+        """The combined half-width that stands between ``value`` and a miss: the new figure's
+        side towards better, and the reference's side towards worse (scaled by the limit)."""
+        if ci is None or self.reference_ci is None:
+            return 0.0
+        lo, hi = _sides(value, ci)
+        r_lo, r_hi = _sides(self.reference, self.reference_ci)
+        k = self.limit / self.reference
+        if self.is_floor:
+            return math.hypot(hi, k * r_lo)
+        return math.hypot(lo, k * r_hi)
+
+    @property
     def change(self) -> float:
         """Relative change of the (mean) value against the reference; + is better."""
         rel = self.value / self.reference - 1
         return rel if self.is_floor else -rel
 
-    def misses(self, value: float) -> bool:
-        return value < self.limit if self.is_floor else value > self.limit
+    def _worse_by(self, value: float) -> float:
+        """How far ``value`` is past the limit, towards worse (negative: inside)."""
+        return self.limit - value if self.is_floor else value - self.limit
+
+    def misses(self, value: float, ci: Pair | None = None) -> bool:
+        return self._worse_by(value) > self._margin(value, ci)
+
+    def _attempt_ci(self, i: int) -> Pair | None:
+        return self.values_ci[i] if self.uses_intervals else None
 
     @property
     def regressed(self) -> bool:
         """Confirmed: every attempt misses, and so does their mean."""
-        return all(self.misses(v) for v in self.values) and self.misses(self.value)
+        return all(self.misses(v, self._attempt_ci(i)) for i, v in enumerate(self.values)) and (
+            self.misses(self.value, self.value_ci)
+        )
+
+    @property
+    def noisy(self) -> bool:
+        """Past the limit, but within the intervals: the cell is too noisy to tell."""
+        return self._worse_by(self.value) > 0 and not self.regressed
 
     @property
     def improved(self) -> bool:
-        """Better than the reference by more than the tolerance (+5.0 % at 5 % is not: the
-        float of 105/100 − 1 is a hair above 0.05)."""
-        return self.change > self.tolerance + 1e-9
+        """Better than the reference by more than the tolerance, beyond the intervals (+5.0 %
+        at 5 % is not: the float of 105/100 − 1 is a hair above 0.05)."""
+        margin = 0.0
+        ci, ref_ci = self.value_ci, self.reference_ci
+        if ci is not None and ref_ci is not None:
+            lo, hi = _sides(self.value, ci)
+            r_lo, r_hi = _sides(self.reference, ref_ci)
+            margin = math.hypot(lo, r_hi) if self.is_floor else math.hypot(hi, r_lo)
+        return self.change * self.reference > (self.tolerance + 1e-9) * self.reference + margin
 
     @property
     def last_misses(self) -> bool:
         """The latest attempt misses: the pytest layer measures again."""
-        return self.misses(self.values[-1])
+        return self.misses(self.values[-1], self._attempt_ci(len(self.values) - 1))
+
+    def _pm(self, value: float, ci: Pair | None) -> str:
+        if ci is None:
+            return ""
+        return f" ±{max(_sides(value, ci)) / value:.1%}"
 
     def message(self) -> str:
         name = METRIC_NAMES[self.metric]
@@ -265,9 +338,22 @@ class Check:
             shown = ", ".join(f"{v:,.1f}" for v in self.values)
             attempts = f" [attempts: {shown}]"
         delta = _minus(f"{self.value / self.reference - 1:+.1%}")
+        beyond = ", beyond both intervals" if self.uses_intervals else ""
         return (
-            f"{self.cell} {name} {self.value:,.1f} {cmp} {word} {self.limit:,.1f} "
-            f"(baseline {self.reference:,.1f} {sign} {self.tolerance:.0%}): {delta}{attempts}"
+            f"{self.cell} {name} {self.value:,.1f}{self._pm(self.value, self.value_ci)} {cmp} "
+            f"{word} {self.limit:,.1f} (baseline {self.reference:,.1f}"
+            f"{self._pm(self.reference, self.reference_ci)} {sign} {self.tolerance:.0%}): "
+            f"{delta}{beyond}{attempts}"
+        )
+
+    def noisy_message(self) -> str:
+        name = METRIC_NAMES[self.metric]
+        delta = _minus(f"{self.value / self.reference - 1:+.1%}")
+        return (
+            f"{self.cell} {name} {self.value:,.1f}{self._pm(self.value, self.value_ci)} is past "
+            f"its limit {self.limit:,.1f} ({delta} against {self.reference:,.1f}"
+            f"{self._pm(self.reference, self.reference_ci)}), but within the intervals: too "
+            "noisy to tell (a longer window, or --llm-precision, narrows them)"
         )
 
     def improvement_message(self) -> str:
@@ -278,7 +364,7 @@ class Check:
         )
 
     def to_v1(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "metric": self.metric,
             "reference": self.reference,
             "limit": round(self.limit, 3),
@@ -286,6 +372,12 @@ class Check:
             "change": round(self.change, 4),
             "verdict": "regressed" if self.regressed else "passed",
         }
+        if self.uses_intervals:
+            assert self.reference_ci is not None
+            out["reference_ci"] = list(self.reference_ci)
+            out["values_ci"] = [list(ci) for ci in self.values_ci if ci is not None]
+            out["noisy"] = self.noisy
+        return out
 
     @classmethod
     def from_v1(cls, cell: str, data: Mapping[str, Any]) -> Check:
@@ -293,8 +385,15 @@ class Check:
         limit = float(data["limit"])
         floor = data["metric"] in FLOORS
         tolerance = round((1 - limit / reference) if floor else (limit / reference - 1), 4)
+        ref_ci = data.get("reference_ci")
         return cls(
-            cell, str(data["metric"]), reference, tolerance, tuple(map(float, data["values"]))
+            cell,
+            str(data["metric"]),
+            reference,
+            tolerance,
+            tuple(map(float, data["values"])),
+            (float(ref_ci[0]), float(ref_ci[1])) if ref_ci else None,
+            tuple((float(a), float(b)) for a, b in data.get("values_ci", ())),
         )
 
 
@@ -312,6 +411,11 @@ class GateVerdict:
     @property
     def improvements(self) -> tuple[Check, ...]:
         return tuple(c for c in self.checks if c.improved and not c.regressed)
+
+    @property
+    def noisy(self) -> tuple[Check, ...]:
+        """Figures past their limit but within the intervals (not failures)."""
+        return tuple(c for c in self.checks if c.noisy)
 
     @property
     def message(self) -> str:

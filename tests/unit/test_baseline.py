@@ -60,6 +60,15 @@ def test_good_file(tmp_path):
             r"base.toml, line 6: tolerance = 5 must be a fraction between 0 and 1",
         ),
         (GOOD + "\n[extra]\n", r"base.toml, line \d+: unknown table or key 'extra'"),
+        (
+            GOOD.replace("tolerance = 0.1", "total_tok_s_ci = [1010.0, 990.0]"),
+            r"base.toml, line 11: decode\[1K-c4\] total_tok_s_ci = \[1010.0, 990.0\] must be an "
+            r"interval \[low, high\] of two positive numbers, low ≤ high",
+        ),
+        (
+            GOOD.replace("tolerance = 0.1", "total_tok_s_ci = 5"),
+            r"line 11: decode\[1K-c4\] total_tok_s_ci = 5 must be an interval",
+        ),
     ],
 )
 def test_broken_files(tmp_path, text, message):
@@ -111,3 +120,26 @@ def test_dump_then_load_round_trip(tmp_path):
     assert mismatches(b, {"model": "tiny", "max_output": 256}) == [
         "max_output 128 in the baseline, 256 now"
     ]
+
+
+def test_intervals_are_written_rounded_outwards_and_read_back(tmp_path):
+    rec = CellRecord(
+        CellId.parse("decode[1K-c4]"),
+        Status.VALID,
+        1024,
+        total_tok_s=1000.04,
+        total_tok_s_ci=(995.06, 1004.91),
+        per_request_tok_s=250.0,
+        ttft_ms=5.0,
+        ttft_ms_ci=(4.5, 5.52),
+    )
+    path = tmp_path / "b.toml"
+    dump(path, {"model": "tiny"}, [rec])
+    text = path.read_text()
+    assert "total_tok_s_ci = [995.0, 1005.0]" in text  # never narrower than measured
+    assert "# ttft_ms_ci = [4.5, 5.6]" in text  # commented out with its figure
+    cell = load(path).cells["decode[1K-c4]"]
+    assert cell.intervals == {"total_tok_s": (995.0, 1005.0)}
+    # an interval whose figure was removed by hand is ignored with it
+    path.write_text(text.replace("total_tok_s = 1000.0\n", ""))
+    assert load(path).cells["decode[1K-c4]"].intervals == {}

@@ -118,3 +118,73 @@ def test_a_selected_cell_without_a_record_was_not_run():
     baseline.cells[ID] = ENTRY
     acc = account(baseline, [], selected={ID})
     assert acc.not_run == ((ID, "not run (the session stopped before it)"),) and not acc.deselected
+
+
+# -- with intervals (docs/gate.md, "With intervals") -------------------------------------------
+# floor at tolerance 2 %: 98; the baseline 100 ± 0.5 (steady) or ± 6 (noisy)
+STEADY = CellBaseline(ID, {"total_tok_s": 100.0}, 0.02, 1, {"total_tok_s": (99.5, 100.5)})
+NOISY = CellBaseline(ID, {"total_tok_s": 100.0}, 0.02, 1, {"total_tok_s": (94.0, 106.0)})
+TTFT_CI = CellBaseline(ID, {"ttft_ms": 100.0}, 0.02, 1, {"ttft_ms": (99.0, 101.0)})  # ceil 102
+
+
+def ci_cell(total, pm):
+    return dataclasses.replace(cell(total=total), total_tok_s_ci=(total - pm, total + pm))
+
+
+# (entry, attempts as (value, ± half-width), outcome, noisy figure, measure again)
+CI_CASES = [
+    (STEADY, [(100.0, 0.5)], Outcome.PASS, False, False),
+    (STEADY, [(97.0, 0.5)], Outcome.REGRESSION, False, True),  # 98 − 97 = 1 > √(.5²+.49²)
+    (STEADY, [(97.5, 0.5)], Outcome.PASS, True, False),  # 0.5 below, within 0.70: noisy
+    (STEADY, [(97.0, 0.5), (96.8, 0.5)], Outcome.REGRESSION, False, False),  # confirmed
+    (STEADY, [(97.0, 0.5), (99.0, 0.5)], Outcome.PASS, False, False),  # not confirmed
+    (NOISY, [(95.0, 6.0)], Outcome.PASS, True, False),  # −5 %, but ±6 % on each side
+    (NOISY, [(80.0, 1.0)], Outcome.REGRESSION, False, True),  # far beyond both intervals
+    (STEADY, [(103.0, 0.5)], Outcome.IMPROVEMENT, False, False),  # +3 % beyond 2 % and noise
+    (NOISY, [(103.0, 0.5)], Outcome.PASS, False, False),  # +3 %, but the baseline is noisy
+]
+
+
+@pytest.mark.parametrize(("entry", "attempts", "outcome", "noisy", "again"), CI_CASES)
+def test_rule_with_intervals(entry, attempts, outcome, noisy, again):
+    cells = [ci_cell(v, pm) for v, pm in attempts]
+    result = verdict(entry, cells)
+    assert result.outcome is outcome
+    (check,) = result.checks
+    assert check.uses_intervals
+    assert check.noisy is noisy
+    assert wants_another(entry, cells, confirm=1) is again
+
+
+def test_the_mean_of_attempts_combines_their_intervals_in_quadrature():
+    (check,) = verdict(STEADY, [ci_cell(97.0, 0.6), ci_cell(97.0, 0.8)]).checks
+    low, high = check.value_ci
+    assert high - 97.0 == pytest.approx((0.6**2 + 0.8**2) ** 0.5 / 2)
+
+
+def test_a_run_without_intervals_is_gated_by_the_old_rule():
+    # 97.5 passes with intervals (noisy), but fails the plain floor of 98 without them
+    assert verdict(STEADY, [cell(total=97.5)]).outcome is Outcome.REGRESSION
+    old_baseline = dataclasses.replace(STEADY, intervals={})
+    assert verdict(old_baseline, [ci_cell(97.5, 0.5)]).outcome is Outcome.REGRESSION
+
+
+def test_ceilings_with_intervals():
+    def ttft(v, pm):
+        return dataclasses.replace(cell(ttft=v), ttft_ms_ci=(v - pm, v + pm))
+
+    assert verdict(TTFT_CI, [ttft(105.0, 1.0)]).outcome is Outcome.REGRESSION  # 3 > √(1+1.04)
+    assert verdict(TTFT_CI, [ttft(103.0, 1.0)]).outcome is Outcome.PASS  # 1 < 1.43: noisy
+    assert verdict(TTFT_CI, [ttft(103.0, 1.0)]).noisy
+
+
+def test_the_messages_say_beyond_or_within_the_intervals():
+    (reg,) = verdict(STEADY, [ci_cell(97.0, 0.5)]).checks
+    assert "97.0 ±0.5% < floor 98.0 (baseline 100.0 ±0.5% − 2%): −3.0%, beyond both" in (
+        reg.message()
+    )
+    (noisy,) = verdict(NOISY, [ci_cell(95.0, 6.0)]).checks
+    assert "within the intervals: too noisy to tell" in noisy.noisy_message()
+    data = noisy.to_v1()
+    assert data["noisy"] is True and data["reference_ci"] == [94.0, 106.0]
+    assert type(noisy).from_v1(ID, data) == noisy

@@ -288,7 +288,7 @@ def little_residual(
     first N streams have their first token, so the time before it is one TTFT: λ·W ≈ N when
     the client keeps N in flight, and falls below when it restarts late. None without one."""
     measured = w1 - w0
-    gone = [min(end, w1) - start for start, end in spans if w0 < min(end, w1) <= w1]
+    gone = [min(end, w1) - start for start, end in spans if start < w1 and w0 < min(end, w1)]
     if not gone or measured <= 0 or concurrency <= 0:
         return None
     rate = len(gone) / measured

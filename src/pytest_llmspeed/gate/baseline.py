@@ -30,6 +30,7 @@ class CellBaseline:
     limits: dict[str, float]  # metric → reference value
     tolerance: float
     line: int
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # metric → 95 % CI
 
 
 @dataclass
@@ -94,23 +95,36 @@ def load(path: str | Path) -> Baseline:
         if not isinstance(body, dict):
             raise err(header, f"cell {cid} must be a table of figures")
         limits: dict[str, float] = {}
+        intervals: dict[str, tuple[float, float]] = {}
         cell_tol = tolerance
         for key, value in body.items():
             line = _line_of(text, key, header)
             if key == "tolerance":
                 cell_tol = _tolerance(value, err(line, ""))
                 continue
+            if key.endswith("_ci") and key[:-3] in FLOORS + CEILINGS:
+                pair = value if isinstance(value, list) else []
+                nums = [_number(v) for v in pair]
+                if len(nums) != 2 or None in nums or not 0 < nums[0] <= nums[1]:  # type: ignore[operator]
+                    raise err(
+                        line,
+                        f"{cid} {key} = {value!r} must be an interval [low, high] of two "
+                        "positive numbers, low ≤ high",
+                    )
+                intervals[key[:-3]] = (nums[0], nums[1])  # type: ignore[assignment]
+                continue
             if key not in FLOORS + CEILINGS:
                 raise err(
                     line,
                     f"unknown figure {key!r} in {cid} (expected one of "
-                    f"{', '.join(FLOORS + CEILINGS)}, tolerance)",
+                    f"{', '.join(FLOORS + CEILINGS)}, their _ci intervals, tolerance)",
                 )
             number = _number(value)
             if number is None or number <= 0:
                 raise err(line, f"{cid} {key} = {value!r} is not a positive number")
             limits[key] = number
-        baseline.cells[cid] = CellBaseline(cid, limits, cell_tol, header)
+        intervals = {k: v for k, v in intervals.items() if k in limits}
+        baseline.cells[cid] = CellBaseline(cid, limits, cell_tol, header, intervals)
     return baseline
 
 
@@ -161,6 +175,20 @@ def dump(
     return count
 
 
+def _figure(
+    key: str, value: float, ci: tuple[float, float] | None, nd: int, prefix: str = ""
+) -> list[str]:
+    """``total_tok_s = 6987.0`` and, when measured, ``total_tok_s_ci = [6950.1, 7023.9]``
+    (rounded outwards, so rounding never narrows the interval)."""
+    out = [f"{prefix}{key} = {round(value, nd)!r}"]
+    if ci is not None:
+        step = 10.0**-nd
+        low = max(math.floor(ci[0] / step) * step, step)
+        high = math.ceil(ci[1] / step) * step
+        out.append(f"{prefix}{key}_ci = [{round(low, nd)!r}, {round(high, nd)!r}]")
+    return out
+
+
 def render(
     run: dict[str, Any],
     records: list[CellRecord],
@@ -188,6 +216,8 @@ def render(
         "",
         "# Per cell: floors (total_tok_s, per_request_tok_s, prompt_tok_s) and optional ceilings",
         "# (ttft_ms, tbt_ms: uncomment to gate latency). 'tolerance = 0.1' overrides the default.",
+        "# A figure's 95 % interval (NAME_ci = [low, high]) makes the gate allow for noise: a",
+        "# figure fails only when worse than the limit beyond both intervals (docs/gate.md).",
     ]
     count = 0
     for rec in records:
@@ -197,15 +227,17 @@ def render(
         lines += ["", f'[cells."{rec.id}"]']
         if rec.phase is Phase.PREFILL:
             assert rec.prompt_tok_s is not None and rec.ttft_ms is not None
-            lines.append(f"prompt_tok_s = {round(rec.prompt_tok_s, 1)!r}")
-            lines.append(f"# ttft_ms = {round(rec.ttft_ms, 1)!r}")
+            lines += _figure("prompt_tok_s", rec.prompt_tok_s, rec.prompt_tok_s_ci, 1)
+            lines += _figure("ttft_ms", rec.ttft_ms, rec.ttft_ms_ci, 1, "# ")
             continue
         assert rec.total_tok_s is not None
-        lines.append(f"total_tok_s = {round(rec.total_tok_s, 1)!r}")
+        lines += _figure("total_tok_s", rec.total_tok_s, rec.total_tok_s_ci, 1)
         if rec.per_request_tok_s:
-            lines.append(f"per_request_tok_s = {round(rec.per_request_tok_s, 1)!r}")
+            lines += _figure(
+                "per_request_tok_s", rec.per_request_tok_s, rec.per_request_tok_s_ci, 1
+            )
         if rec.ttft_ms:
-            lines.append(f"# ttft_ms = {round(rec.ttft_ms, 1)!r}")
+            lines += _figure("ttft_ms", rec.ttft_ms, rec.ttft_ms_ci, 1, "# ")
         if rec.tbt_ms:
-            lines.append(f"# tbt_ms = {round(rec.tbt_ms, 3)!r}")
+            lines += _figure("tbt_ms", rec.tbt_ms, rec.tbt_ms_ci, 3, "# ")
     return "\n".join(lines) + "\n", count

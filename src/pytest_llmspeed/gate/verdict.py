@@ -22,11 +22,23 @@ def checks(entry: CellBaseline, attempts: Sequence[CellRecord]) -> tuple[Check, 
     are not checked on that attempt)."""
     out = []
     for metric, reference in entry.limits.items():
-        values = tuple(
-            float(v) for a in attempts if isinstance(v := getattr(a, metric, None), int | float)
+        measured = [a for a in attempts if isinstance(getattr(a, metric, None), int | float)]
+        if not measured:
+            continue
+        values = tuple(float(getattr(a, metric)) for a in measured)
+        cis = tuple(getattr(a, f"{metric}_ci", None) for a in measured)
+        ref_ci = entry.intervals.get(metric)
+        out.append(
+            Check(
+                entry.id,
+                metric,
+                reference,
+                entry.tolerance,
+                values,
+                ref_ci,
+                cis if ref_ci is not None and all(cis) else (),
+            )
         )
-        if values:
-            out.append(Check(entry.id, metric, reference, entry.tolerance, values))
     return tuple(out)
 
 
@@ -84,6 +96,7 @@ class Accounting:
     no_floor: tuple[str, ...]  # measured cells the baseline has no entry for
     regressions: tuple[Check, ...]  # the regressed figures of the regressed cells
     improvements: tuple[Check, ...]
+    noisy: tuple[Check, ...] = ()  # past their limit, within the intervals: not failures
 
 
 NOT_GATED = "not gated: "
@@ -119,6 +132,7 @@ def account(baseline: Baseline, cells: Iterable[CellRecord], selected: Iterable[
     deselected: list[str] = []
     regressions: list[Check] = []
     improvements: list[Check] = []
+    noisy: list[Check] = []
     for cid in baseline.cells:
         cell = by_id.get(cid)
         if cell is None:
@@ -137,6 +151,7 @@ def account(baseline: Baseline, cells: Iterable[CellRecord], selected: Iterable[
         else:
             passed.append(cid)
             improvements.extend(cell.gate.improvements)
+            noisy.extend(cell.gate.noisy)
     no_floor = tuple(
         str(c.id) for c in by_id.values() if c.gate and c.gate.outcome is Outcome.NO_FLOOR
     )
@@ -150,4 +165,5 @@ def account(baseline: Baseline, cells: Iterable[CellRecord], selected: Iterable[
         no_floor=no_floor,
         regressions=tuple(regressions),
         improvements=tuple(improvements),
+        noisy=tuple(noisy),
     )

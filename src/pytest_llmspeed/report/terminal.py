@@ -267,6 +267,7 @@ def gate_lines(path: object, acc: Accounting, missing_fails: bool = True) -> lis
     ]
     lines += [f"  REGRESSION  {c.message()}" for c in acc.regressions]
     lines += [f"  improvement {c.improvement_message()}" for c in acc.improvements]
+    lines += [f"  noisy       {c.noisy_message()}" for c in acc.noisy]
     word = "NOT RUN   " if missing_fails else "not run   "
     lines += [f"  {word}  {cid}: {why}" for cid, why in acc.not_run]
     if acc.not_run:
