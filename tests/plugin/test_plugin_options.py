@@ -44,6 +44,8 @@ def test_help_lists_every_option(pytester):
         "--llm-prefill-contexts",
         "--llm-concurrency",
         "--llm-duration",
+        "--llm-precision",
+        "--llm-min-duration",
         "--llm-prefill-repeats",
         "--llm-max-output",
         "--llm-kv-capacity",
@@ -65,6 +67,15 @@ def test_help_lists_every_option(pytester):
         (["--llm-max-output=many"], "--llm-max-output='many': must be a whole number*"),
         (["--llm-max-error-rate=2"], "--llm-max-error-rate='2': must be a fraction*"),
         (["--llm-prefill-repeats=0"], "--llm-prefill-repeats='0': must be a whole number of*"),
+        (["--llm-precision=0"], "--llm-precision='0': must be above 0: give the interval's*"),
+        (["--llm-precision=150%"], "--llm-precision='150%': is wider than ±50 %*e.g. 2% or 0.02"),
+        (["--llm-precision=2"], "--llm-precision='2': is 2, read as a fraction (±200%)*"),
+        (["--llm-precision=abc"], "--llm-precision='abc': give the interval's half-width as a*"),
+        (
+            ["--llm-precision=2%", "--llm-min-duration=40"],
+            "--llm-min-duration='40.0': is longer than --llm-duration (30 s)*",
+        ),
+        (["--llm-min-duration=0"], "--llm-min-duration='0': must be a positive number of*"),
     ],
 )
 def test_bad_option_values_are_usage_errors(pytester, args, message):

@@ -398,7 +398,7 @@ class _LiveEvents:
         for i, rec in enumerate(records):
             reads = rec.reads
             for t, data in reads[self.cursor[i] :]:
-                n = data.count(b"data:")
+                n = data.count(b"data:") - data.count(b"[DONE]")
                 if n:
                     self.times.append(t)
                     self.counts.append(n)

@@ -131,8 +131,9 @@ def decode_stats(
                 completed += 1
     per_request = float(np.average(rates, weights=weights)) if rates else None
     cv = None
-    if n_sec >= 3:
-        full = per_second[: int(measured)] if int(measured) >= 3 else per_second
+    n_full = int(measured + 1e-9)  # whole seconds: a last partial second is not a sample
+    if n_full >= 3:
+        full = per_second[:n_full]
         mean = float(full.mean())
         cv = float(full.std(ddof=1) / mean) if mean > 0 else None
     total_tok_s = out_tokens / measured if measured > 0 else 0.0

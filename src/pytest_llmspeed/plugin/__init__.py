@@ -259,7 +259,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if run.started and session.config.getoption("verbose") >= 0 and cells:
         from .progress import Progress
 
-        run.progress = Progress(run.settings.duration, len(cells))
+        run.progress = Progress(
+            run.settings.duration, len(cells), early_end=run.settings.precision is not None
+        )
         run.progress.plan = [(c, run.resolve(c.context), run.skip(c) is not None) for c in cells]
 
 

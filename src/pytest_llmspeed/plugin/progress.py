@@ -44,6 +44,7 @@ def duration_words(seconds: float) -> str:
 class Progress:
     window_s: float
     total: int
+    early_end: bool = False  # --llm-precision: a window may end before window_s
     started: float = field(default_factory=time.monotonic)
     done: int = 0
     #: the cells still to run, in order: (id, context tokens or None, skipped by arithmetic)
@@ -77,7 +78,8 @@ class Progress:
         if self.plan and self.plan[0][0] == cid:
             self.plan.pop(0)
         self.done += 1
-        what = f"window {self.window_s:g} s" if cid.phase is Phase.DECODE else "cold prefill"
+        up_to = "≤" if self.early_end else ""
+        what = f"window {up_to}{self.window_s:g} s" if cid.phase is Phase.DECODE else "cold prefill"
         elapsed = clock(time.monotonic() - self.started)
         left = self.left_s() + (self.window_s if cid.phase is Phase.DECODE else 0.0)
         return (

@@ -1,0 +1,108 @@
+"""Intervals end to end (issue 11): every decode cell carries them in the results, the JUnit
+properties and the terminal; --llm-precision ends a steady window early and says so; a baseline
+with intervals gates a slower server beyond them."""
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from tests.plugin.test_plugin_sim import TINY
+
+pytestmark = pytest.mark.slow
+
+STEADY = "sim:tiny?speed=1&noise=0.01"
+
+
+def run(pytester, *args, endpoint=STEADY):
+    return pytester.runpytest(
+        f"--llm-endpoint={endpoint}",
+        "--llm-contexts=1K",
+        "--llm-concurrency=1,4",
+        "--llm-max-output=128",
+        "--llm-results=out.json",
+        "--junitxml=out.xml",
+        *args,
+    )
+
+
+def cells(pytester, phase="decode"):
+    doc = json.loads((pytester.path / "out.json").read_text())
+    return {c["id"]: c for c in doc["cells"] if c["phase"] == phase}
+
+
+def test_every_decode_cell_has_its_intervals_in_every_output(pytester):
+    result = run(pytester, "--llm-duration=2", "-v", "-rA")
+    result.assert_outcomes(passed=3)
+    for cid, c in cells(pytester).items():
+        low, high = c["total_tok_s_ci"]
+        assert low < c["total_tok_s"] < high, cid
+        low, high = c["per_request_tok_s_ci"]
+        assert low <= c["per_request_tok_s"] <= high, cid
+        assert c["ci_method"].startswith("batch means (k=")
+        assert abs(c["little_residual"]) < 0.05, cid  # the client kept N in flight
+        assert c.get("window_end") is None  # fixed windows: nothing to say
+    # the terminal's all-measurements table shows the ± of total tok/s
+    result.stdout.fnmatch_lines(["Sustained decode  1K * ±*"])
+    props = {
+        case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")}
+        for case in ET.parse(pytester.path / "out.xml").iter("testcase")
+    }
+    decode = props["test_decode[1K-c4]"]
+    assert float(decode["total_tok_s_ci_low"]) < float(decode["total_tok_s"])
+    assert float(decode["total_tok_s_ci_high"]) > float(decode["total_tok_s"])
+
+
+def test_precision_ends_a_steady_window_early_and_says_what_it_reached(pytester):
+    result = run(pytester, "--llm-duration=20", "--llm-precision=2%", "--llm-min-duration=2")
+    result.assert_outcomes(passed=3)
+    for cid, c in cells(pytester).items():
+        assert c["window_end"] == "precision", cid
+        # the window's end is decided on the events received so far; the figure's interval
+        # is computed on the tokens afterwards: the two agree closely, not exactly
+        assert c["measured_s"] < 10 and c["precision"] <= 0.022, cid
+        low, high = c["total_tok_s_ci"]
+        assert (high - low) / 2 <= 0.022 * c["total_tok_s"]
+    result.stdout.fnmatch_lines(
+        [
+            "llmspeed: * · window 2–20 s, until ±2.0% · *",
+            "  decode[[]1K-c1[]]: *±*% after *s (window ended early)",
+        ]
+    )
+
+
+def test_a_window_that_cannot_reach_the_precision_says_so(pytester):
+    # 0.05 % in at most 2 s: not reachable on a noisy server; the window runs to its end
+    result = run(
+        pytester,
+        "--llm-duration=2",
+        "--llm-precision=0.05%",
+        "--llm-min-duration=1",
+        endpoint=f"{TINY}&noise=0.2",
+    )
+    result.assert_outcomes(passed=3)
+    for c in cells(pytester).values():
+        assert c["window_end"] == "duration" and c["precision"] > 0.0005
+    result.stdout.fnmatch_lines(["  decode[[]1K-c4[]]: *window ended at 2 s with ±*%"])
+
+
+def test_a_baseline_with_intervals_gates_beyond_them(pytester):
+    run(pytester, "--llm-duration=2", "--llm-save-baseline=base.toml").assert_outcomes(passed=3)
+    text = (pytester.path / "base.toml").read_text()
+    assert "total_tok_s_ci = [" in text
+    # 2 % tolerance: the steady cells are gated tight; a 10 % slower server fails beyond both
+    (pytester.path / "base.toml").write_text(text.replace("tolerance = 0.05", "tolerance = 0.02"))
+    same = run(pytester, "--llm-duration=2", "--llm-baseline=base.toml", "-m", "decode")
+    slow = run(
+        pytester,
+        "--llm-duration=2",
+        "--llm-baseline=base.toml",
+        "-m",
+        "decode",
+        endpoint="sim:tiny?speed=0.9&noise=0.01",
+    )
+    slow.assert_outcomes(failed=2, deselected=1)
+    slow.stdout.fnmatch_lines(["*decode[[]1K-c4[]] total tok/s * ±*% < floor *, beyond both*"])
+    checks = cells(pytester)["decode[1K-c4]"]["baseline_checks"]
+    assert all(c["reference_ci"] and c["values_ci"] for c in checks)
+    assert same.ret in (0, 1)  # decided by the figures; the slower run's failure is the point
