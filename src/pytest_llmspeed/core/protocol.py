@@ -343,7 +343,7 @@ async def run_decode(
                 now = time.perf_counter()
                 if precision is not None and now - w0 >= min_duration and now < w1:
                     live.update(records)
-                    if live.precise_enough(w0, now, precision):
+                    if live.precise_enough(w0, now, precision, duration):
                         w1, ended_precise = now, True
                         break
                 await asyncio.sleep(min(step, max(w1 - time.perf_counter(), 0)))
@@ -404,9 +404,12 @@ class _LiveEvents:
                     self.counts.append(n)
             self.cursor[i] = len(reads)
 
-    def precise_enough(self, w0: float, now: float, goal: float) -> bool:
-        """Is total throughput over [w0, now) known to ``goal`` (interval half-width, as a
-        fraction), with no drift that an early end would hide?"""
+    def precise_enough(self, w0: float, now: float, goal: float, full: float) -> bool:
+        """May a window that opened at ``w0`` and would last ``full`` seconds end ``now``?
+        Yes when total throughput over [w0, now) is known to ``goal`` (the interval's
+        half-width, as a fraction), no drift is flagged, and the trend it has would move the
+        full window's figure by less than half the goal (a window that ends early must not
+        hide a server that slows down as its requests' contexts grow)."""
         times = np.asarray(self.times, dtype=np.float64)
         counts = np.asarray(self.counts, dtype=np.float64)
         bm = batch_means(times, counts, w0, now)
@@ -416,7 +419,11 @@ class _LiveEvents:
         if value <= 0 or bm.interval.half_width_rel(value) > goal:
             return False
         drift = trend(bm.fine_rates)
-        return drift is None or not drift.flagged
+        if drift is None:
+            return True
+        elapsed = now - w0
+        bias = drift.change / elapsed * max(full - elapsed, 0.0) / 2
+        return not drift.flagged and abs(bias) <= goal / 2
 
 
 async def _timed_metrics(conn: Connection) -> tuple[float, float, MetricsSnapshot | None]:

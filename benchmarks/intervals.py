@@ -1,0 +1,322 @@
+"""Intervals, early ends and the interval-aware gate, measured on the simulator (issue 11).
+
+One run of this script measures, on the H200 reference profile with ``noise`` (each engine
+step's time varies by that fraction):
+
+1. **Wall time**: the decode matrix with fixed windows of ``--fixed`` seconds, then with
+   ``--llm-precision`` (``--precision``, windows between ``--min`` and ``--fixed`` seconds);
+   the two runs' figures, each inside the other's interval or not.
+2. **Coverage**: ``--runs`` independent runs of the matrix (each its own salt, so its own cold
+   prefixes) with ``--window``-second windows. Per cell, the share of runs whose 95 % interval
+   holds the mean of all runs (predicted 95 %), and the share of consecutive pairs where one
+   run's interval holds the next run's figure (predicted 83 %: P(|Z|·√2 < 1.96)).
+3. **The gate**: every run after the first gated against a baseline saved from the first, by
+   the gate's own functions (``gate.verdict``), tolerance ``--tolerance``, with the next run as
+   the confirmation when a check misses; then ``--slow-runs`` runs on servers 5 % and 10 %
+   slower (``speed`` × 0.95, × 0.90). Checks are total and per-request tok/s of each decode cell.
+
+    python -m benchmarks.intervals                       # about 15 minutes
+    python -m benchmarks.intervals --runs 20 --slow-runs 8
+
+It drives the measurement core directly (``core.bench.Bench``), as the pytest layer does, and
+writes ``benchmarks/results/intervals.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from benchmarks.common import RESULTS, command, machine, table, utc_now, write_page
+from pytest_llmspeed.core.bench import Bench, BenchConfig
+from pytest_llmspeed.core.records import decode_record
+from pytest_llmspeed.gate.baseline import CellBaseline
+from pytest_llmspeed.gate.verdict import verdict, wants_another
+from pytest_llmspeed.results import CellRecord, Outcome
+from pytest_llmspeed.sim import SimOptions, running_simulator_process
+
+METRICS = ("total_tok_s", "per_request_tok_s")
+
+
+@dataclass
+class Matrix:
+    cells: dict[str, CellRecord]
+    wall_s: float
+
+
+def measure(url: str, args: argparse.Namespace, window: float, precision: float | None) -> Matrix:
+    bench = Bench(
+        BenchConfig(
+            base_url=url,
+            api_key=None,
+            model=None,
+            api="completions",
+            max_output=args.max_output,
+            duration=window,
+            timeout=120,
+            kv_capacity=None,
+            precision=precision,
+            min_duration=args.min,
+        )
+    )
+    bench.start()
+    t0 = time.perf_counter()
+    cells: dict[str, CellRecord] = {}
+    try:
+        for ctx in args.contexts:
+            bench.prefill(ctx, args.max_output)
+            for n in args.concurrency:
+                rec = decode_record(ctx, bench.decode(ctx, n))
+                cells[str(rec.id)] = rec
+    finally:
+        bench.close()
+    return Matrix(cells, time.perf_counter() - t0)
+
+
+def within(rec: CellRecord, value: float) -> bool:
+    lo, hi = rec.total_tok_s_ci or (math.nan, math.nan)
+    return lo <= value <= hi
+
+
+def entry_of(rec: CellRecord, tolerance: float) -> CellBaseline:
+    limits = {m: float(getattr(rec, m)) for m in METRICS if getattr(rec, m)}
+    cis = {m: getattr(rec, f"{m}_ci") for m in METRICS if getattr(rec, f"{m}_ci")}
+    return CellBaseline(str(rec.id), limits, tolerance, 0, cis)
+
+
+@dataclass
+class GateTally:
+    checks: int = 0
+    failed: int = 0
+    cells: int = 0
+    cells_failed: int = 0
+    noisy: int = 0
+    first_missed: int = 0
+
+
+def gate(
+    baseline: dict[str, CellRecord], runs: list[Matrix], tolerance: float, intervals: bool
+) -> GateTally:
+    """Gate runs[i] against the baseline, runs[i+1] (cyclic) as the re-measurement."""
+    tally = GateTally()
+    for i, run in enumerate(runs):
+        again = runs[(i + 1) % len(runs)]
+        for cid, rec in run.cells.items():
+            entry = entry_of(baseline[cid], tolerance)
+            if not intervals:
+                entry = replace(entry, intervals={})
+            attempts = [rec]
+            if wants_another(entry, attempts, 1):
+                tally.first_missed += 1
+                attempts.append(again.cells[cid])
+            result = verdict(entry, attempts)
+            tally.cells += 1
+            tally.cells_failed += result.outcome is Outcome.REGRESSION
+            tally.checks += len(result.checks)
+            tally.failed += len(result.regressions)
+            tally.noisy += len(result.noisy)
+    return tally
+
+
+def upper95(k: int, n: int) -> float:
+    """One-sided 95 % upper bound of a proportion k/n (Clopper-Pearson, by bisection)."""
+    if n == 0:
+        return 1.0
+    lo, hi = k / n, 1.0
+    for _ in range(60):
+        p = (lo + hi) / 2
+        cdf = sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k + 1))
+        lo, hi = (p, hi) if cdf > 0.05 else (lo, p)
+    return hi
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--profile", default="h200-qwen3.5-27b-int4")
+    ap.add_argument("--noise", type=float, default=0.03)
+    ap.add_argument("--speed", type=float, default=1.0)
+    ap.add_argument("--contexts", default="8192,32768")
+    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--max-output", type=int, default=4096)
+    ap.add_argument("--fixed", type=float, default=30.0)
+    ap.add_argument("--precision", type=float, default=0.01)
+    ap.add_argument("--min", type=float, default=5.0)
+    ap.add_argument("--window", type=float, default=8.0)
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--slow-runs", type=int, default=4)
+    ap.add_argument("--tolerance", type=float, default=0.02)
+    ap.add_argument("--skip-wall", action="store_true")
+    args = ap.parse_args(argv)
+    args.contexts = [int(c) for c in args.contexts.split(",")]
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    started = time.perf_counter()
+
+    def sim(speed: float, seed: int) -> Any:
+        return running_simulator_process(
+            SimOptions(profile=args.profile, speed=speed, noise=args.noise, seed=seed)
+        )
+
+    lines = [
+        "# Intervals, early ends and the interval-aware gate (simulator)",
+        "",
+        f"Made {utc_now()} on {machine()} with `{command('benchmarks.intervals', argv)}`.",
+        f"Profile {args.profile}, noise {args.noise}, speed {args.speed}, contexts "
+        f"{args.contexts}, concurrency {args.concurrency}, max output {args.max_output}.",
+        "",
+    ]
+    if not args.skip_wall:
+        with sim(args.speed, 1) as url:
+            fixed = measure(url, args, args.fixed, None)
+        with sim(args.speed, 2) as url:
+            early = measure(url, args, args.fixed, args.precision)
+        rows = []
+        for cid, a in fixed.cells.items():
+            b = early.cells[cid]
+            rows.append(
+                [
+                    cid,
+                    f"{a.total_tok_s:,.1f}{_pm(a)}",
+                    f"{b.total_tok_s:,.1f}{_pm(b)}",
+                    f"{b.measured_s:.1f} s",
+                    "yes" if within(a, b.total_tok_s) and within(b, a.total_tok_s) else "no",
+                ]
+            )
+        lines += [
+            f"## 1. Wall time: fixed {args.fixed:g} s windows against --llm-precision="
+            f"{args.precision:.0%} (min {args.min:g} s)",
+            "",
+            f"Decode matrix wall time: fixed {fixed.wall_s:.0f} s, with precision "
+            f"{early.wall_s:.0f} s (**{early.wall_s / fixed.wall_s:.2f}×**).",
+            "",
+            *table(
+                [
+                    "cell",
+                    "fixed: total tok/s",
+                    "precision: total tok/s",
+                    "window",
+                    "each in the other's interval",
+                ],
+                rows,
+            ),
+            "",
+        ]
+        print("\n".join(lines), flush=True)
+
+    runs: list[Matrix] = []
+    with sim(args.speed, 3) as url:
+        for i in range(args.runs):
+            runs.append(measure(url, args, args.window, None))
+            print(f"[intervals] no-change run {i + 1}/{args.runs}", flush=True)
+    rows = []
+    cover_mean = cover_next = pairs = total = 0
+    for cid in runs[0].cells:
+        recs = [r.cells[cid] for r in runs]
+        values = [float(r.total_tok_s or 0) for r in recs]
+        mean = statistics.fmean(values)
+        hold_mean = sum(within(r, mean) for r in recs)
+        hold_next = sum(within(recs[i], values[i + 1]) for i in range(len(recs) - 1))
+        cover_mean += hold_mean
+        cover_next += hold_next
+        total += len(recs)
+        pairs += len(recs) - 1
+        sd = statistics.stdev(values) / mean if len(values) > 1 else math.nan
+        half = statistics.fmean(
+            (r.total_tok_s_ci[1] - r.total_tok_s_ci[0]) / 2 / float(r.total_tok_s)  # type: ignore[index,arg-type]
+            for r in recs
+        )
+        rows.append(
+            [
+                cid,
+                f"{mean:,.1f}",
+                f"{sd:.2%}",
+                f"±{half:.2%}",
+                f"{hold_mean}/{len(recs)}",
+                f"{hold_next}/{len(recs) - 1}",
+            ]
+        )
+    lines += [
+        f"## 2. Coverage: {args.runs} runs of {args.window:g} s windows",
+        "",
+        f"Intervals that hold the mean of all runs: **{cover_mean}/{total} "
+        f"({cover_mean / total:.1%})**, predicted 95 %. Intervals that hold the next run's "
+        f"figure: {cover_next}/{pairs} ({cover_next / pairs:.1%}), predicted 83 %.",
+        "",
+        *table(
+            [
+                "cell",
+                "mean total tok/s",
+                "run-to-run sd",
+                "mean half-width",
+                "hold the mean",
+                "hold the next figure",
+            ],
+            rows,
+        ),
+        "",
+    ]
+    print("\n".join(lines[-8:]), flush=True)
+
+    baseline = runs[0].cells
+    tallies = {
+        ("no change", True): gate(baseline, runs[1:], args.tolerance, True),
+        ("no change", False): gate(baseline, runs[1:], args.tolerance, False),
+    }
+    for factor in (0.95, 0.90):
+        slow: list[Matrix] = []
+        with sim(args.speed * factor, 4) as url:
+            for i in range(args.slow_runs):
+                slow.append(measure(url, args, args.window, None))
+                print(f"[intervals] {factor:.2f} run {i + 1}/{args.slow_runs}", flush=True)
+        label = f"{1 - factor:.0%} slower"
+        tallies[(label, True)] = gate(baseline, slow, args.tolerance, True)
+        tallies[(label, False)] = gate(baseline, slow, args.tolerance, False)
+    rows = []
+    for (label, with_ci), t in tallies.items():
+        bound = f" (95 % bound ≤ {upper95(t.failed, t.checks):.1%})" if label == "no change" else ""
+        rows.append(
+            [
+                label,
+                "intervals" if with_ci else "flat (old rule)",
+                f"{t.failed}/{t.checks} ({t.failed / max(t.checks, 1):.1%}){bound}",
+                f"{t.cells_failed}/{t.cells} ({t.cells_failed / max(t.cells, 1):.1%})",
+                t.noisy,
+                t.first_missed,
+            ]
+        )
+    lines += [
+        f"## 3. The gate at tolerance {args.tolerance:.0%}, confirm 1",
+        "",
+        "Baseline: run 1 of part 2. Each later run is gated by `gate.verdict`; a check that "
+        "misses is re-measured by the next run. Checks: total and per-request tok/s.",
+        "",
+        *table(
+            [
+                "server",
+                "rule",
+                "checks failed",
+                "cells failed",
+                "noisy (not failed)",
+                "first attempts that missed",
+            ],
+            rows,
+        ),
+        "",
+        f"Whole benchmark: {(time.perf_counter() - started) / 60:.1f} min.",
+    ]
+    write_page(RESULTS / "intervals.md", lines, "intervals")
+    return 0
+
+
+def _pm(rec: CellRecord) -> str:
+    if not rec.total_tok_s_ci or not rec.total_tok_s:
+        return ""
+    return f" ±{(rec.total_tok_s_ci[1] - rec.total_tok_s_ci[0]) / 2 / rec.total_tok_s:.2%}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
