@@ -244,7 +244,10 @@ async def run_decode(
     # ids; text from its template); else (a tokenizer that defeats the template, a note says
     # so) the pool is reused in turn, since a restart must not wait for /tokenize.
     pool_size = 2 * n + 8
-    bodies = [(await factory.prompt(context, i)).encode(fields) for i in range(1, pool_size + 1)]
+    bodies = [
+        (await factory.prompt(context, factory.next_index(context))).encode(fields)
+        for _ in range(pool_size)
+    ]
     loop = asyncio.get_running_loop()
 
     window_open_at: list[float] = []
@@ -266,7 +269,7 @@ async def run_decode(
             if counter <= pool_size or not factory.cheap(context):
                 body = bodies[(counter - 1) % pool_size]
             else:
-                body = (await factory.prompt(context, counter)).encode(fields)
+                body = (await factory.prompt(context, factory.next_index(context))).encode(fields)
             rec = StreamRecord()
             records.append(rec)
             try:
