@@ -309,7 +309,8 @@ async def run_decode(
                 f"token within {timeout:g} s"
             )
             aborted_setting = "timeout"
-        if aborted is None:
+        opened_in_time = aborted is None
+        if opened_in_time:
             w0 = window_open_at[0]
             w1 = w0 + duration
             if before is not None:
@@ -333,8 +334,9 @@ async def run_decode(
     for res in results:
         if isinstance(res, KeyRejected):
             raise res
-    if aborted is None and t_stop < w1 - 1e-3:
-        aborted = "the window was cut short"
+    if opened_in_time and t_stop < w1 - 1e-3:
+        cut = f"the window was cut short after {t_stop - w0:.1f} of {duration:g} s"
+        aborted = f"{cut}: {aborted}" if aborted else cut
     result = _decode_result(
         records,
         context,
