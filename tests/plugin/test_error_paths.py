@@ -3,6 +3,7 @@ the cells after it do, and the API key redacted on every path. Servers are real,
 the simulator (faults, its test hooks) or a small HTTP server for answers no real server gives.
 Kills and key changes are triggered by a cell having finished, never by a timer."""
 
+import fnmatch
 import json
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from junitparser import JUnitXml
 
 pytestmark = pytest.mark.slow
 
@@ -221,21 +223,23 @@ from pytest_llmspeed.plugin.stash import RUN_KEY
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_call(item):  # after the decode cell's warm-up (its setup), before the cell
     url = item.config.stash[RUN_KEY].base_url + "/sim/faults"
-    body = json.dumps({{"faults": {faults!r}}}).encode()
+    faults = {faults!r} if {cell!r} in item.nodeid else "none"
+    body = json.dumps({{"faults": faults}}).encode()
     urllib.request.urlopen(urllib.request.Request(url, data=body, method="PUT"))
 """
 
 
-def run_broken_after_warm_up(pytester, faults, *args):
-    """One decode cell (1K, c2) whose server gets ``faults`` once its prefix is warm."""
+def run_broken_after_warm_up(pytester, faults, *args, cell="", concurrency="2"):
+    """Decode cells at 1K (one, c2, unless told) whose server gets ``faults`` once their
+    prefix is warm: every cell's, or only the one whose id holds ``cell`` (the others' none)."""
     pytester.syspathinsert()
-    pytester.makepyfile(break_it=BREAK_AFTER_WARM_UP.format(faults=faults))
+    pytester.makepyfile(break_it=BREAK_AFTER_WARM_UP.format(faults=faults, cell=cell))
     return pytester.runpytest(
         "-p",
         "break_it",
         "--llm-endpoint=sim:tiny?speed=4&seed=2",
         "--llm-contexts=1K",
-        "--llm-concurrency=2",
+        f"--llm-concurrency={concurrency}",
         "--llm-results=out.json",
         "--junitxml=out.xml",
         "-m",
@@ -276,3 +280,79 @@ def test_bursts_of_503_fail_the_cell_with_the_servers_answer(results_doc, pytest
     assert "Traceback" not in result.stdout.str()
     cell = results_doc("out.json")["cells"][-1]
     assert cell["status"] in ("failed", "error") and "HTTP 503" in cell["reason"]
+
+
+def junit_status(pytester):
+    """Each case's ``status`` property in out.xml, by the cell in its name."""
+    xml = JUnitXml.fromfile(str(pytester.path / "out.xml"))
+    return {
+        case.name.split("[")[1].rstrip("]"): {
+            p.get("name"): p.get("value") for p in case._elem.iter("property")
+        }.get("status")
+        for suite in xml
+        for case in suite
+    }
+
+
+def test_a_window_that_never_opens_is_an_error_naming_the_timeout(results_doc, pytester):
+    # KV for one 1K + 4096 request only (the plugin told otherwise, so the cell runs): at c2 the
+    # second stream waits for the first, which takes longer than --llm-timeout to finish, so
+    # it never has its first token in time; the c1 cell after it runs as usual
+    result = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=4&kv_capacity=6144&max_model_len=6144",
+        "--llm-kv-capacity=1000000",
+        "--llm-contexts=1K",
+        "--llm-concurrency=2,1",
+        "--llm-duration=1",
+        "--llm-max-output=4096",
+        "--llm-timeout=1",
+        "--llm-results=out.json",
+        "--junitxml=out.xml",
+        "-m",
+        "decode",
+    )
+    result.assert_outcomes(failed=1, passed=1, deselected=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*decode[[]1K-c2[]]: the window never opened: 1 of 2 streams had a first token "
+            "within 1 s (--llm-timeout)*"
+        ]
+    )
+    assert "Traceback" not in result.stdout.str()
+    cells = results_doc("out.json")["by_id"]
+    never = cells["decode[1K-c2]"]
+    assert never["status"] == "error" and "the window never opened" in never["reason"]
+    assert never["measured_s"] == 0 and never["output_tokens"] == 0
+    assert cells["decode[1K-c1]"]["status"] == "valid"  # the run goes on
+    assert junit_status(pytester) == {"1K-c2": "error", "1K-c1": "valid"}
+
+
+def test_a_window_cut_short_by_failures_is_an_error_and_the_run_goes_on(results_doc, pytester):
+    # once the c8 cell's window is open (every stream had its first tokens), every stream
+    # breaks mid-way: the cell stops at the failures in a row (~1 s in), long before its 4 s;
+    # the c1 cell after it (faults off again) is measured as usual
+    result = run_broken_after_warm_up(
+        pytester,
+        "drop=1",
+        "--llm-duration=4",
+        "--llm-max-output=64",
+        cell="1K-c8",
+        concurrency="8,1",
+    )
+    result.assert_outcomes(failed=1, passed=1, deselected=1)
+    message = (
+        "the window was cut short after *.* of 4 s: the server failed * requests in a row: "
+        "stream broken*"
+    )
+    result.stdout.fnmatch_lines([f"*decode[[]1K-c8[]]: {message}"])
+    assert "Traceback" not in result.stdout.str()
+    cells = results_doc("out.json")["by_id"]
+    cut = cells["decode[1K-c8]"]
+    assert cut["status"] == "error" and fnmatch.fnmatch(cut["reason"], message)
+    # what the window held until then is kept, and says how long it lasted
+    assert 0 < cut["measured_s"] < 4 and cut["output_tokens"] > 0
+    lasted = float(cut["reason"].split("cut short after ", 1)[1].split()[0])
+    assert lasted == pytest.approx(cut["measured_s"], abs=0.051)
+    assert cells["decode[1K-c1]"]["status"] == "valid"
+    assert cells["decode[1K-c1]"]["measured_s"] == pytest.approx(4, abs=0.01)
+    assert junit_status(pytester) == {"1K-c8": "error", "1K-c1": "valid"}

@@ -1,9 +1,12 @@
 """The plugin end to end against the built-in simulator (real HTTP on loopback)."""
 
 import json
+import urllib.request
 
 import pytest
 from junitparser import JUnitXml
+
+from pytest_llmspeed.core.prompts import SUFFIX_TOKENS
 
 pytestmark = pytest.mark.slow  # every test here runs a matrix on the simulator
 
@@ -182,9 +185,18 @@ def test_cell_whose_server_queues_is_flagged(results_doc, pytester):
     result.stdout.fnmatch_lines(["*decode*4K-c16*the server queued requests (effective*< 16)*"])
 
 
-def test_prefill_repeats_take_the_median_of_cold_requests(pytester):
+def sim_trace(url, clear=False):
+    """The simulator's record of the requests it received (``/sim/trace``); ``clear``: empty it
+    (before a run, so the record is that run's)."""
+    method = "DELETE" if clear else "GET"
+    with urllib.request.urlopen(urllib.request.Request(url + "/sim/trace", method=method)) as r:
+        return None if clear else json.loads(r.read())["requests"]
+
+
+def test_prefill_repeats_take_the_median_of_cold_requests(pytester, sim_url):
+    sim_trace(sim_url, clear=True)
     result = pytester.runpytest(
-        f"--llm-endpoint={TINY}",
+        f"--llm-endpoint={sim_url}",
         "--llm-contexts=4K",
         "--llm-concurrency=1",
         "--llm-duration=1",
@@ -202,8 +214,11 @@ def test_prefill_repeats_take_the_median_of_cold_requests(pytester):
     assert cell["repeats"] == 3 and len(samples) == 3 and len(set(samples)) == 3
     assert cell["ttft_ms"] == pytest.approx(sorted(samples)[1], abs=0.01)
     assert cell["prompt_tok_s"] == pytest.approx(4096 / (cell["ttft_ms"] / 1e3), rel=1e-3)
-    # every cold request was a full prefill: none of them hit a cache (each has its own prefix)
-    assert max(samples) < 3 * min(samples)
+    # every cold request was a full prefill: none of them hit a cache (each has its own
+    # prefix), as the server reports it, not as guessed from their TTFTs
+    cold = [r for r in sim_trace(sim_url) if r["max_tokens"] == 16]
+    assert [(r["prompt_tokens"], r["cached_tokens"]) for r in cold] == [(4096, 0)] * 3
+    assert len({r["prompt_hash"] for r in cold}) == 3
     bench = json.loads((pytester.path / "bench.json").read_text())
     entry = next(b for b in bench["benchmarks"] if "prefill" in b["name"])
     assert entry["stats"]["rounds"] == 3
@@ -227,3 +242,27 @@ def test_progress_lines_when_each_cell_starts_and_ends(pytester):
     assert "\r" not in out and "\x1b[" not in out  # a log, not a terminal: plain lines
     quiet = run_matrix(pytester, "-q")
     assert not [ln for ln in quiet.stdout.lines if ln.startswith("[1/")]
+
+
+def test_every_prompt_the_server_received_has_its_cells_length(results_doc, pytester, sim_url):
+    sim_trace(sim_url, clear=True)
+    result = run_matrix(pytester, endpoint=sim_url)
+    result.assert_outcomes(passed=6)
+    cells = results_doc("out.json")["by_id"]
+    trace = sim_trace(sim_url)
+    probe = [r for r in trace if r["max_tokens"] == 2]  # the dialect's first small request
+    cold = [r for r in trace if r["max_tokens"] == 16]  # the warm-ups
+    decode = [r for r in trace if r["max_tokens"] == 128]
+    assert len(probe) == 1 and len(trace) == 1 + len(cold) + len(decode)  # nothing else sent
+    # one cold warm-up per context, the prefill cell: all of its prompt computed
+    assert [(r["prompt_tokens"], r["cached_tokens"]) for r in cold] == [(1024, 0), (4096, 0)]
+    for context in (1024, 4096):
+        ids = [f"decode[{context // 1024}K-c{n}]" for n in (1, 4)]
+        sent = [r for r in decode if r["prompt_tokens"] == context]
+        # every request of the context's cells had exactly C tokens: none was counted elsewhere
+        assert len(sent) == sum(cells[i]["requests"] for i in ids) > 0
+        # they share P(C), cached by the warm-up (all of its full blocks), and end in their
+        # own suffix; a request cancelled before its admission has no cache lookup yet
+        shared = (context - SUFFIX_TOKENS) // 16 * 16
+        assert {r["cached_tokens"] for r in sent if r["first_token_time"]} == {shared}
+        assert len({r["prompt_hash"] for r in sent}) == len(sent)

@@ -146,6 +146,7 @@ class PromptFactory:
     _templates: dict[int, tuple[str, int] | None] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     _head_json: dict[int, bytes] = field(default_factory=dict)
+    _issued: dict[int, int] = field(default_factory=dict)
 
     @property
     def uses_ids(self) -> bool:
@@ -194,6 +195,12 @@ class PromptFactory:
 
     def _rng(self, *key: int) -> random.Random:
         return random.Random(hash((self.salt, *key)))
+
+    def next_index(self, context: int) -> int:
+        """An index at ``context`` that no earlier call gave (from 1; 0 is the warm-up's), so
+        that every decode request of the run, in whichever cell, ends in its own suffix."""
+        self._issued[context] = index = self._issued.get(context, 0) + 1
+        return index
 
     async def prompt(self, context: int, index: int) -> Prompt:
         """Prompt ``index`` at ``context`` tokens: shared prefix P(C) + unique suffix."""

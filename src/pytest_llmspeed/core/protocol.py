@@ -265,7 +265,10 @@ async def run_decode(
     # ids; text from its template); else (a tokenizer that defeats the template, a note says
     # so) the pool is reused in turn, since a restart must not wait for /tokenize.
     pool_size = 2 * n + 8
-    bodies = [(await factory.prompt(context, i)).encode(fields) for i in range(1, pool_size + 1)]
+    bodies = [
+        (await factory.prompt(context, factory.next_index(context))).encode(fields)
+        for _ in range(pool_size)
+    ]
     loop = asyncio.get_running_loop()
 
     window_open_at: list[float] = []
@@ -289,7 +292,7 @@ async def run_decode(
             if counter <= pool_size or not factory.cheap(context):
                 body = bodies[(counter - 1) % pool_size]
             else:
-                body = (await factory.prompt(context, counter)).encode(fields)
+                body = (await factory.prompt(context, factory.next_index(context))).encode(fields)
             rec = StreamRecord()
             records.append(rec)
             try:
@@ -329,7 +332,8 @@ async def run_decode(
                 f"token within {timeout:g} s"
             )
             aborted_setting = "timeout"
-        if aborted is None:
+        opened_in_time = aborted is None
+        if opened_in_time:
             w0 = window_open_at[0]
             w1 = w0 + duration
             if before is not None:
@@ -360,8 +364,9 @@ async def run_decode(
     for res in results:
         if isinstance(res, KeyRejected):
             raise res
-    if aborted is None and t_stop < w1 - 1e-3:
-        aborted = "the window was cut short"
+    if opened_in_time and t_stop < w1 - 1e-3:
+        cut = f"the window was cut short after {t_stop - w0:.1f} of {duration:g} s"
+        aborted = f"{cut}: {aborted}" if aborted else cut
     result = _decode_result(
         records,
         context,

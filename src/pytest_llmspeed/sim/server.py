@@ -13,7 +13,7 @@ import json
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
@@ -121,13 +121,18 @@ class TextTable:
         return self._join(self.raw2, start, n)
 
 
+def prompt_hash(ids: Sequence[int]) -> str:
+    """A fingerprint of a prompt's token ids for the trace (equal prompts, equal hashes)."""
+    return f"{hash(tuple(ids)) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
 @dataclass
 class Rejected:
     """A request answered with an injected error before any output (kept for the trace)."""
 
     rid: str
     arrival: float
-    prompt_tokens: int
+    req: SimRequest
     reason: str
     streaming: bool
 
@@ -135,7 +140,9 @@ class Rejected:
         return {
             "id": self.rid,
             "arrival": self.arrival,
-            "prompt_tokens": self.prompt_tokens,
+            "prompt_tokens": self.req.prompt_len,
+            "prompt_hash": prompt_hash(self.req.prompt_ids),
+            "max_tokens": self.req.max_tokens,
             "cached_tokens": 0,
             "first_token_time": None,
             "chunks": [],
@@ -178,6 +185,7 @@ class Stream:
         self.finish: str | None = None
         self.chunks: list[list[float]] = []
         self.first_token_time: float | None = None
+        self.prompt_hash: str | None = None
         self.transport: asyncio.Transport | None = None
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         created = int(time.time())
@@ -344,10 +352,14 @@ class Stream:
 
     def as_dict(self) -> dict[str, Any]:
         req = self.req
+        if self.prompt_hash is None:  # here, not on arrival: no work on the request's path
+            self.prompt_hash = prompt_hash(req.prompt_ids)
         return {
             "id": self.rid,
             "arrival": self.arrival,
             "prompt_tokens": self.prompt_tokens,
+            "prompt_hash": self.prompt_hash,
+            "max_tokens": req.max_tokens,
             "cached_tokens": req.cached_tokens,
             "first_token_time": self.first_token_time,
             "chunks": self.chunks,
@@ -645,7 +657,7 @@ class SimServer:
         return f"{prefix}-{self._id_salt}{self._counter:08x}"
 
     def _draw_faults(
-        self, rid: str, arrival: float, prompt_len: int, streaming: bool, req: SimRequest
+        self, rid: str, arrival: float, streaming: bool, req: SimRequest
     ) -> ApiError | None:
         f = self.faults
         if not f.any:
@@ -671,7 +683,7 @@ class SimServer:
                 "InternalServerError",
             )
         if err is not None and reason is not None:
-            self.trace.append(Rejected(rid, arrival, prompt_len, reason, streaming))
+            self.trace.append(Rejected(rid, arrival, req, reason, streaming))
             return err
         if req.max_tokens >= 2:
             for name in ("midstream", "drop", "stall"):
@@ -740,7 +752,7 @@ class SimServer:
         req = SimRequest(
             ids, max_tokens, min_tokens=min_tokens, ignore_eos=body.get("ignore_eos") is True
         )
-        fault = self._draw_faults(rid, arrival, len(ids), streaming, req)
+        fault = self._draw_faults(rid, arrival, streaming, req)
         if fault is not None:
             return fault.response()
         stream = Stream(
