@@ -10,7 +10,8 @@ History of the format (``schema`` key):
   is a flat object of figures keyed as in METRICS.md (``total_tok_s``, ``ttft_ms``, ...), its
   ``status`` one of the words of :class:`Status`, the gate's outcome under ``baseline`` with
   ``baseline_checks`` and ``attempts``. Later 0.x releases add keys (``notes`` on a cell,
-  ``metadata`` on the run); a reader keeps keys it does not know (``extra``) and writes them back.
+  ``metadata`` on the run, ``launch_command``, ``replica_tok_s`` on a decode cell measured over
+  several replicas); a reader keeps keys it does not know (``extra``) and writes them back.
   A change of meaning of an existing key is a new major version (v2), and v1 stays readable.
 """
 
@@ -398,6 +399,8 @@ class CellRecord:
     max_output: int | None = None
     duration_s: float | None = None
     samples: Samples | None = None
+    #: total tok/s of each replica, when the server is several replicas (written when set)
+    replica_tok_s: tuple[float, ...] | None = None
     # the gate
     gate: GateVerdict | None = None
     attempts: tuple[Mapping[str, float | None], ...] = ()
@@ -448,11 +451,14 @@ class CellRecord:
     def properties(self) -> list[tuple[str, Any]]:
         """The record's scalar figures as JUnit ``user_properties``."""
         flat = self.to_v1()
-        return [
+        props = [
             (key, flat[key])
             for key in PROPERTY_KEYS
             if key in flat and flat[key] is not None and not isinstance(flat[key], list | dict)
         ]
+        for i, rate in enumerate(self.replica_tok_s or (), start=1):
+            props.append((f"replica{i}_total_tok_s", rate))
+        return props
 
     def to_v1(self) -> dict[str, Any]:
         """The cell as the v1 file writes it."""
@@ -482,6 +488,8 @@ class CellRecord:
                 samples["tbt_ms"] = list(self.samples.tbt_ms)
                 samples["per_request_tok_s"] = list(self.samples.per_request_tok_s)
             out["samples"] = samples
+            if self.replica_tok_s is not None:
+                out["replica_tok_s"] = list(self.replica_tok_s)
         if self.gate is not None:
             out["baseline"] = self.gate.outcome.value
             if self.gate.checks:
@@ -518,6 +526,9 @@ class CellRecord:
                 tuple(s.get("tbt_ms", ())),
                 tuple(s.get("per_request_tok_s", ())),
             )
+            if isinstance(data.get("replica_tok_s"), list):
+                kwargs["replica_tok_s"] = tuple(float(x) for x in data["replica_tok_s"])
+                known.add("replica_tok_s")
         if "baseline" in data:
             checks = tuple(Check.from_v1(str(cid), c) for c in data.get("baseline_checks", ()))
             kwargs["gate"] = GateVerdict(Outcome(data["baseline"]), checks)
