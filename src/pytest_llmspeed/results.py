@@ -10,7 +10,8 @@ History of the format (``schema`` key):
   is a flat object of figures keyed as in METRICS.md (``total_tok_s``, ``ttft_ms``, ...), its
   ``status`` one of the words of :class:`Status`, the gate's outcome under ``baseline`` with
   ``baseline_checks`` and ``attempts``. Later 0.x releases add keys (``notes`` on a cell,
-  ``metadata`` on the run); a reader keeps keys it does not know (``extra``) and writes them back.
+  ``metadata`` on the run, ``launch_command``, ``replica_tok_s`` on a decode cell measured over
+  several replicas); a reader keeps keys it does not know (``extra``) and writes them back.
   A change of meaning of an existing key is a new major version (v2), and v1 stays readable.
 """
 
@@ -522,6 +523,8 @@ class CellRecord:
     little_residual: float | None = None  # λ·W / N − 1 over the window
     precision: float | None = None  # the half-width total tok/s reached, as a fraction
     window_end: str | None = None  # with --llm-precision: "precision" (early) or "duration"
+    #: total tok/s of each replica, when the server is several replicas (written when set)
+    replica_tok_s: tuple[float, ...] | None = None
     # the gate
     gate: GateVerdict | None = None
     attempts: tuple[Mapping[str, float | None], ...] = ()
@@ -575,11 +578,14 @@ class CellRecord:
         for key in CI_KEYS:  # an interval as two scalars
             if key in flat:
                 flat[f"{key}_low"], flat[f"{key}_high"] = flat.pop(key)
-        return [
+        props = [
             (key, flat[key])
             for key in PROPERTY_KEYS
             if key in flat and flat[key] is not None and not isinstance(flat[key], list | dict)
         ]
+        for i, rate in enumerate(self.replica_tok_s or (), start=1):
+            props.append((f"replica{i}_total_tok_s", rate))
+        return props
 
     def to_v1(self) -> dict[str, Any]:
         """The cell as the v1 file writes it."""
@@ -609,6 +615,8 @@ class CellRecord:
                 samples["tbt_ms"] = list(self.samples.tbt_ms)
                 samples["per_request_tok_s"] = list(self.samples.per_request_tok_s)
             out["samples"] = samples
+            if self.replica_tok_s is not None:
+                out["replica_tok_s"] = list(self.replica_tok_s)
         for key in _OPTIONAL_KEYS:
             value = getattr(self, key)
             if value is not None:
@@ -654,6 +662,9 @@ class CellRecord:
                 tuple(s.get("tbt_ms", ())),
                 tuple(s.get("per_request_tok_s", ())),
             )
+            if isinstance(data.get("replica_tok_s"), list):
+                kwargs["replica_tok_s"] = tuple(float(x) for x in data["replica_tok_s"])
+                known.add("replica_tok_s")
         if "baseline" in data:
             checks = tuple(Check.from_v1(str(cid), c) for c in data.get("baseline_checks", ()))
             kwargs["gate"] = GateVerdict(Outcome(data["baseline"]), checks)

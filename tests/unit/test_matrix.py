@@ -51,6 +51,20 @@ def test_over_capacity_reason_shows_the_arithmetic():
     assert over_capacity(32768, 64, 4096, Limits(None, None)) is None
 
 
+def test_over_capacity_is_per_replica_over_several_replicas():
+    """N streams spread over the replicas: the busiest holds ceil(N / replicas) of them, and
+    each replica has its own KV cache (the smallest one's capacity counts)."""
+    two = Limits(9000, None, replicas=2)
+    assert over_capacity(4096, 4, 128, two) is None  # 2 × 4,224 = 8,448 fits one replica
+    skip = over_capacity(4096, 5, 128, two)  # 3 per replica on the busiest
+    assert skip is not None and skip.status is Status.OVER_CAPACITY
+    assert skip.reason == (
+        "Over capacity: ceil(5 / 2 replicas) × (4K + 128) = 3 × 4,224 = 12,672 > "
+        "KV capacity of one replica 9,000"
+    )
+    assert over_capacity(4096, 4, 128, Limits(9000, None)) is not None  # one replica: 16,896
+
+
 def test_reference_matrix_has_sixteen_over_capacity_cells():
     """The reference's contexts with 4096-token outputs: exactly 16 cells over 1.4M tokens."""
     contexts = [8, 16, 32, 64, 128, 251]

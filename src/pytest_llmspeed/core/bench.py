@@ -7,6 +7,7 @@ No pytest import here.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -25,6 +26,7 @@ from .protocol import (
     run_decode,
     run_prefill,
 )
+from .replicas import ReplicaSet, per_replica_tok_s, probe_replicas
 
 T = TypeVar("T")
 
@@ -56,6 +58,8 @@ class BenchConfig:
     text_prompts: bool = False  # completions prompts as text sized with /tokenize, not ids
     precision: float | None = None  # end a decode window early at this interval half-width
     min_duration: float = 5.0  # ... but not before this many seconds
+    endpoints: tuple[str, ...] = ()  # the replicas of one model, when several (base_url first)
+    metrics_urls: tuple[str, ...] = ()  # where /metrics lives, when not on the endpoints
 
 
 @dataclass
@@ -64,7 +68,8 @@ class Bench:
 
     config: BenchConfig
     runner: asyncio.Runner = field(default_factory=asyncio.Runner)
-    conn: Connection | None = None
+    conn: Connection | None = None  # the server; with several replicas, the first
+    replicas: ReplicaSet | None = None  # several replicas, or /metrics elsewhere
     server: ServerInfo | None = None
     factory: PromptFactory | None = None
     dialect: Dialect | None = None
@@ -84,10 +89,20 @@ class Bench:
 
     async def _start(self) -> None:
         cfg = self.config
-        self.conn = Connection.open(cfg.base_url, cfg.api_key, cfg.timeout)
-        self.server = await probe(
-            self.conn, cfg.model, cfg.kv_capacity, cfg.kv_capacity_source, cfg.max_model_len
-        )
+
+        async def ask(conn: Connection) -> ServerInfo:
+            return await probe(
+                conn, cfg.model, cfg.kv_capacity, cfg.kv_capacity_source, cfg.max_model_len
+            )
+
+        if len(cfg.endpoints) > 1 or cfg.metrics_urls:
+            urls = cfg.endpoints or (cfg.base_url,)
+            self.replicas = ReplicaSet.open(urls, cfg.api_key, cfg.timeout, cfg.metrics_urls)
+            self.conn = self.replicas.primary
+            self.server = await probe_replicas(self.replicas, ask, cfg.kv_capacity is not None)
+        else:
+            self.conn = Connection.open(cfg.base_url, cfg.api_key, cfg.timeout)
+            self.server = await ask(self.conn)
         self.factory = PromptFactory(
             self.conn, self.server.model, api=cfg.api, text=cfg.text_prompts
         )
@@ -102,7 +117,9 @@ class Bench:
     @property
     def limits(self) -> Limits:
         s = self.server
-        return Limits(s.kv_capacity if s else None, s.max_model_len if s else None)
+        if s is None:
+            return Limits(None, None)
+        return Limits(s.kv_capacity, s.max_model_len, s.replica_count)
 
     def resolve(self, context: int | str, max_output: int | None = None) -> int | None:
         budget = self.config.max_output if max_output is None else max_output
@@ -121,6 +138,7 @@ class Bench:
                     self.conn, self.factory, self.dialect, self.server.model, context, max_tokens
                 )
             )
+            self._warm_other_replicas(context, max_tokens)
             more = [self._cold(context, max_tokens) for _ in range(self.config.prefill_repeats - 1)]
             self.prefills[context] = median_prefill([first, *more])
         return self.prefills[context]
@@ -131,6 +149,24 @@ class Bench:
         return median_prefill(
             [self._cold(context, max_tokens) for _ in range(self.config.prefill_repeats)]
         )
+
+    def _warm_other_replicas(self, context: int, max_tokens: int) -> None:
+        """Every replica but the first (which the prefill cell warmed) gets the prefill cell's
+        prompt, so each holds P(C) before a decode window opens; not measured."""
+        if self.replicas is None or len(self.replicas.connections) < 2:
+            return
+        assert self.factory and self.dialect and self.server
+        factory, dialect, model = self.factory, self.dialect, self.server.model
+
+        async def warm_all() -> None:
+            await asyncio.gather(
+                *(
+                    run_prefill(conn, factory, dialect, model, context, max_tokens)
+                    for conn in self.replicas.connections[1:]  # type: ignore[union-attr]
+                )
+            )
+
+        self.run(warm_all())
 
     def _cold(self, context: int, max_tokens: int) -> PrefillResult:
         """One cold request at ``context`` on a prefix never sent before (a fresh salt)."""
@@ -143,9 +179,9 @@ class Bench:
     def decode(self, context: int, concurrency: int) -> DecodeResult:
         assert self.conn and self.factory and self.dialect and self.server
         cfg = self.config
-        return self.run(
+        result = self.run(
             run_decode(
-                self.conn,
+                self.replicas or self.conn,
                 self.factory,
                 self.dialect,
                 self.server.model,
@@ -158,10 +194,16 @@ class Bench:
                 min_duration=cfg.min_duration,
             )
         )
+        if self.replicas is not None and len(self.replicas.connections) > 1:
+            split = per_replica_tok_s(result.records, result.window, len(self.replicas.connections))
+            result = dataclasses.replace(result, replica_tok_s=split)
+        return result
 
     def healthy(self) -> bool:
         """Does the server still answer?"""
         assert self.conn is not None
+        if self.replicas is not None:
+            return self.run(self.replicas.healthy())
         try:
             status, _ = self.run(self.conn.get("/v1/models"))
         except LLMSpeedError:

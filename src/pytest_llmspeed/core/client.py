@@ -167,6 +167,7 @@ class StreamRecord:
     error: str | None = None
     cancelled: bool = False
     error_setting: str | None = None  # the setting that may fix the error ("timeout")
+    replica: int = 0  # which replica served it (core/replicas.py), 0 with one server
     # filled by account_tokens():
     token_times: list[float] = field(default_factory=list)  # one entry per token-carrying chunk
     token_counts: list[int] = field(default_factory=list)

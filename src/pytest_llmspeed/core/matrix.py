@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -93,10 +94,13 @@ def resolve_context(context: int | str, max_model_len: int | None, max_output: i
 
 @dataclass(frozen=True)
 class Limits:
-    """What the server can hold: both may be unknown (``None``)."""
+    """What the server can hold: both may be unknown (``None``). With several replicas of one
+    model, ``kv_capacity`` is one replica's (the smallest) and N streams are spread over
+    ``replicas``."""
 
     kv_capacity: int | None
     max_model_len: int | None
+    replicas: int = 1
 
 
 @dataclass(frozen=True)
@@ -120,9 +124,22 @@ def exceeds_max_model_len(context: int, max_output: int, limits: Limits) -> Skip
 
 
 def over_capacity(context: int, concurrency: int, max_output: int, limits: Limits) -> Skip | None:
-    """Skip when N × (C + M) > KV capacity, else ``None``."""
+    """Skip when N × (C + M) > KV capacity, else ``None``. Over several replicas, when
+    ceil(N / replicas) × (C + M) > the KV capacity of one replica (the smallest): the streams
+    are spread evenly, so the busiest replica holds ceil(N / replicas) of them."""
     if limits.kv_capacity is None:
         return None
+    if limits.replicas > 1:
+        per = math.ceil(concurrency / limits.replicas)
+        need = per * (context + max_output)
+        if need <= limits.kv_capacity:
+            return None
+        return Skip(
+            Status.OVER_CAPACITY,
+            f"Over capacity: ceil({concurrency} / {limits.replicas} replicas) × "
+            f"({display_label(context)} + {max_output}) = {per} × {context + max_output:,} = "
+            f"{need:,} > KV capacity of one replica {limits.kv_capacity:,}",
+        )
     need = concurrency * (context + max_output)
     if need <= limits.kv_capacity:
         return None

@@ -26,12 +26,18 @@ class ServerInfo:
     kv_capacity_source: str  # where kv_capacity came from, in words
     has_metrics: bool
     notes: tuple[str, ...] = ()  # what the probe had to work around
+    replicas: tuple[str, ...] = ()  # base URLs of the replicas, when several (core/replicas.py)
+    metrics_urls: tuple[str, ...] = ()  # where /metrics was read, when not from the endpoints
+    replica_count: int = 1  # replicas for the capacity arithmetic (kv_capacity: one replica's)
 
     def describe(self) -> str:
         cap = f"{self.kv_capacity:,} tokens" if self.kv_capacity else "unknown"
         mml = f"{self.max_model_len:,}" if self.max_model_len else "unknown"
+        where = self.base_url
+        if len(self.replicas) > 1:
+            where = f"{len(self.replicas)} replicas ({', '.join(self.replicas)})"
         return (
-            f"server: {self.base_url} · engine {self.engine} {self.version or '?'} · "
+            f"server: {where} · engine {self.engine} {self.version or '?'} · "
             f"model {self.model} · max_model_len {mml} · KV capacity {cap} "
             f"({self.kv_capacity_source})"
         )
@@ -131,11 +137,11 @@ def snapshot(samples: dict[str, list[tuple[dict[str, str], float]]]) -> MetricsS
 
 
 async def read_metrics(
-    conn: Connection, families: frozenset[str] | None = None
+    conn: Connection, families: frozenset[str] | None = None, path: str = "/metrics"
 ) -> dict[str, list[tuple[dict[str, str], float]]] | None:
     """Parsed /metrics (only ``families``, when given), or None when the server has none (404)
     or it does not parse."""
-    status, body = await conn.get("/metrics")
+    status, body = await conn.get(path)
     if status != 200:
         return None
     try:
@@ -190,13 +196,7 @@ async def probe(
             version = None
     samples = await read_metrics(conn)
     if samples is not None:
-        names = samples.keys()
-        if any(n.startswith("llmspeed_sim") for n in names):
-            engine = "llmspeed-sim"
-        elif any(n.startswith("vllm:") for n in names):
-            engine = "vllm"
-        elif any(n.startswith("sglang:") for n in names):
-            engine = "sglang"
+        engine = engine_of(samples)
 
     cap: int | None
     if kv_capacity is not None:
@@ -220,6 +220,18 @@ async def probe(
         has_metrics=samples is not None,
         notes=tuple(notes),
     )
+
+
+def engine_of(samples: dict[str, list[tuple[dict[str, str], float]]]) -> str:
+    """The engine whose metric names a /metrics page shows."""
+    names = samples.keys()
+    if any(n.startswith("llmspeed_sim") for n in names):
+        return "llmspeed-sim"
+    if any(n.startswith("vllm:") for n in names):
+        return "vllm"
+    if any(n.startswith("sglang:") for n in names):
+        return "sglang"
+    return "unknown"
 
 
 def _models(conn: Connection, status: int, body: str) -> tuple[list[dict[str, Any]], list[str]]:

@@ -35,6 +35,7 @@ from .errors import KeyRejected, LLMSpeedError, RequestRejected
 from .intervals import batch_means, trend
 from .probe import SNAPSHOT_FAMILIES, MetricsSnapshot, read_metrics, snapshot
 from .prompts import PromptFactory
+from .replicas import ReplicaSet, stream_to
 from .stats import DecodeStats, RequestTrace, decode_stats, prompt_tok_s
 
 VENDOR_FIELDS = ("ignore_eos", "min_tokens")
@@ -211,6 +212,7 @@ class DecodeResult:
     # prompt lengths the server counted (usage.prompt_tokens) that were not C: {tokens: requests}
     wrong_lengths: dict[int, int] = field(default_factory=dict)
     records: list[StreamRecord] = field(default_factory=list, repr=False)
+    replica_tok_s: tuple[float, ...] = ()  # total tok/s of each replica, when several
     precision_goal: float | None = None  # --llm-precision: the half-width the window aimed at
     ended_precise: bool = False  # the window ended early, its interval narrow enough
 
@@ -231,7 +233,7 @@ class DecodeResult:
 
 
 async def run_decode(
-    conn: Connection,
+    conn: Connection | ReplicaSet,
     factory: PromptFactory,
     dialect: Dialect,
     model: str,
@@ -296,7 +298,7 @@ async def run_decode(
             rec = StreamRecord()
             records.append(rec)
             try:
-                await stream_request(conn, dialect.path, body, rec, first_token(slot))
+                await stream_to(conn, dialect.path, body, rec, first_token(slot))
             except KeyRejected:
                 # the key stopped working: stop the cell now (not at the window's timeout)
                 aborted = aborted or "the server rejected the API key"
@@ -431,7 +433,9 @@ class _LiveEvents:
         return not drift.flagged and abs(bias) <= goal / 2
 
 
-async def _timed_metrics(conn: Connection) -> tuple[float, float, MetricsSnapshot | None]:
+async def _timed_metrics(
+    conn: Connection | ReplicaSet,
+) -> tuple[float, float, MetricsSnapshot | None]:
     t0 = time.perf_counter()
     snap = await _metrics(conn)
     return t0, time.perf_counter(), snap
@@ -446,7 +450,7 @@ def _received_between(records: list[StreamRecord], t0: float, t1: float) -> int:
     return total
 
 
-async def _wait_idle(conn: Connection, timeout: float) -> bool:
+async def _wait_idle(conn: Connection | ReplicaSet, timeout: float) -> bool:
     """Poll /metrics until no request runs or waits (bounded); False if it never got idle."""
     deadline = time.perf_counter() + timeout
     while time.perf_counter() < deadline:
@@ -459,7 +463,9 @@ async def _wait_idle(conn: Connection, timeout: float) -> bool:
     return False
 
 
-async def _metrics(conn: Connection) -> MetricsSnapshot | None:
+async def _metrics(conn: Connection | ReplicaSet) -> MetricsSnapshot | None:
+    if isinstance(conn, ReplicaSet):  # summed over the replicas
+        return await conn.snapshot()
     try:
         samples = await read_metrics(conn, SNAPSHOT_FAMILIES)
     except LLMSpeedError:

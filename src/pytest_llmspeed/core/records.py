@@ -75,6 +75,9 @@ def decode_record(context: int | str, result: DecodeResult) -> CellRecord:
         received_span=tuple(result.received_span) if result.received_span else None,  # type: ignore[arg-type]
         max_output=result.max_output,
         duration_s=result.duration_s,
+        replica_tok_s=tuple(round(x, 2) for x in result.replica_tok_s)
+        if result.replica_tok_s
+        else None,
         notes=(result.token_note,) if result.token_note else (),
         total_tok_s_ci=_ci(s.total_ci, 2),
         per_request_tok_s_ci=_ci(s.per_request_ci, 2),

@@ -91,16 +91,22 @@ class LLMSpeedRun:
         s = self.settings
         if s.serve_plan is not None:
             self._launch()
+        endpoints = s.endpoints
         if s.is_sim:
-            from ..sim import parse_sim_spec, running_simulator_process  # only when asked for
+            from ..sim import parse_sim_spec, running_simulator_processes  # only when asked for
 
             options = parse_sim_spec(s.endpoint)
             self._sim = contextlib.ExitStack()
             try:
-                self.base_url = self._sim.enter_context(running_simulator_process(options))
+                urls = self._sim.enter_context(running_simulator_processes(options))
             except RuntimeError as exc:
+                self.stop()
                 raise LLMSpeedError(str(exc)) from None
-            self.notes.append(f"built-in simulator: {s.endpoint.split('?')[0]} at {self.base_url}")
+            self.base_url = urls[0]
+            endpoints = tuple(urls) if len(urls) > 1 else ()
+            self.notes.append(
+                f"built-in simulator: {s.endpoint.split('?')[0]} at {', '.join(urls)}"
+            )
         else:
             self.base_url = s.endpoint
         self.bench = Bench(
@@ -119,6 +125,8 @@ class LLMSpeedRun:
                 kv_capacity=s.kv_capacity,
                 kv_capacity_source="--llm-kv-capacity",
                 max_model_len=s.max_model_len,
+                endpoints=endpoints,
+                metrics_urls=s.metrics_urls,
             )
         )
         try:
@@ -128,6 +136,11 @@ class LLMSpeedRun:
             raise
         assert self.bench.dialect is not None and self.bench.server is not None
         self.notes.extend(self.bench.server.notes)
+        if self.bench.server.metrics_urls:
+            self.notes.append(
+                "/metrics read from --llm-metrics-url: "
+                + ", ".join(public_url(u) for u in self.bench.server.metrics_urls)
+            )
         self.notes.extend(self.bench.dialect.notes)
         if self.bench.server.max_model_len is None and MAX in (*s.contexts, *s.prefill_contexts):
             self.stop()
@@ -184,7 +197,7 @@ class LLMSpeedRun:
             **self.comparable(),
             "engine": server.engine if server else None,
             "engine_version": server.version if server else None,
-            "server": public_url(self.settings.endpoint),
+            "server": self.public_endpoint,
             "kv_capacity": server.kv_capacity if server else None,
         }
         n = dump_baseline(self.settings.save_baseline, run, list(self.cells.values()))
@@ -242,7 +255,7 @@ class LLMSpeedRun:
         return RunInfo(
             tool=f"pytest-llmspeed {__version__}",
             started=self.started_at,
-            endpoint=public_url(self.settings.endpoint),
+            endpoint=self.public_endpoint,
             model=server.model if server else self.settings.model,
             engine=server.engine if server else None,
             engine_version=server.version if server else None,
@@ -288,15 +301,13 @@ class LLMSpeedRun:
 
     def header(self) -> list[str]:
         if not self.bench or not self.bench.server:
-            return [f"llmspeed: endpoint {public_url(self.settings.endpoint)} (not probed)"]
+            return [f"llmspeed: endpoint {self.public_endpoint} (not probed)"]
         s = self.settings
+        described = self.bench.server.describe()
+        for url in {self.bench.server.base_url, *self.bench.server.replicas}:
+            described = described.replace(url, public_url(url))
         return [
-            "llmspeed "
-            + self.redact(
-                self.bench.server.describe().replace(
-                    self.bench.server.base_url, public_url(self.bench.server.base_url)
-                )
-            ),
+            "llmspeed " + self.redact(described),
             f"llmspeed: api {s.api} ({'token-id' if self.prompt_form == 'ids' else 'text'} "
             "prompts) · "
             f"max output {s.max_output} · {self.window_words} · "
@@ -311,6 +322,13 @@ class LLMSpeedRun:
         if s.precision is None:
             return f"window {s.duration:g} s"
         return f"window {s.min_duration:g}–{s.duration:g} s, until ±{s.precision:.1%}"
+
+    @property
+    def public_endpoint(self) -> str:
+        """The endpoint, or the replicas' endpoints comma-separated, without secrets."""
+        return ", ".join(
+            public_url(e) for e in self.settings.endpoints or (self.settings.endpoint,)
+        )
 
     def redact(self, text: str) -> str:
         return redact(text, self.settings.api_key)

@@ -51,11 +51,21 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "endpoint",
         "base URL of an OpenAI-compatible server (http://host:8000), or 'sim' / "
-        "'sim:PROFILE?speed=10&noise=0.03' for the built-in simulator. Without it the plugin "
-        "does nothing.",
+        "'sim:PROFILE?speed=10&noise=0.03' for the built-in simulator. Several URLs "
+        "(comma-separated, or the option repeated; one per line in the ini file) are the "
+        "replicas of one model: the streams are spread over them ('sim:PROFILE?replicas=2' "
+        "for simulated ones). Without it the plugin does nothing.",
         env=("LLMSPEED_ENDPOINT",),
+        repeat=True,
     ),
     Option("model", "served model name (default: the server's first model)"),
+    Option(
+        "metrics-url",
+        "where /metrics lives, when the endpoint has none (a router): one URL per replica "
+        "(comma-separated, or the option repeated), e.g. http://10.0.0.5:8000/metrics; with "
+        "several endpoints, one per endpoint in the same order",
+        repeat=True,
+    ),
     Option(
         "api-key",
         "API key sent as a Bearer token (never printed)",
@@ -196,7 +206,9 @@ OPTIONS: tuple[Option, ...] = (
 
 @dataclass(frozen=True)
 class Settings:
-    endpoint: str
+    endpoint: str  # the first endpoint (or the simulator spec)
+    endpoints: tuple[str, ...] = ()  # every endpoint, when several (the replicas of one model)
+    metrics_urls: tuple[str, ...] = ()
     model: str | None = None
     api_key: str | None = field(default=None, repr=False)
     api: str = "completions"
@@ -266,11 +278,13 @@ class Settings:
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("llmspeed", "LLM serving speed tests (pytest-llmspeed)")
     for opt in OPTIONS:
+        # argparse formats help with %: a literal one is %%
+        opt = dataclasses.replace(opt, help=opt.help.replace("%", "%%"))
         extra = f" [env: {', '.join(opt.env)}]" if opt.env else ""
         default = f" (default: {opt.default})" if opt.default else ""
         if opt.repeat:
             group.addoption(opt.flag, dest=opt.dest, action="append", default=None, help=opt.help)
-            parser.addini(opt.ini, help=opt.help, type="linelist", default=[])
+            parser.addini(opt.ini, help=opt.help.replace("%%", "%"), type="linelist", default=[])
             continue
         if opt.switch:
             group.addoption(
@@ -283,7 +297,7 @@ def add_options(parser: pytest.Parser) -> None:
             )
         else:
             group.addoption(opt.flag, dest=opt.dest, default=None, help=opt.help + default + extra)
-        parser.addini(opt.ini, help=opt.help + default, default=None)
+        parser.addini(opt.ini, help=opt.help.replace("%%", "%") + default, default=None)
 
 
 def raw_values(config: pytest.Config, opt: Option) -> list[tuple[str, str]]:
@@ -308,12 +322,35 @@ def raw_value(config: pytest.Config, opt: Option) -> tuple[str | None, str]:
     return opt.default, f"{opt.flag} default"
 
 
+def url_values(config: pytest.Config, opt: Option) -> tuple[list[str], str]:
+    """A list-of-URLs option's values (the option repeated, comma-separated, or one per line in
+    the ini file) and where they came from: the command line wins over the environment, which
+    wins over the ini file. A simulator spec is one value (its options may hold commas)."""
+    cli = config.getoption(opt.dest, None)
+    raw: list[str]
+    if cli:
+        raw, source = [str(v) for v in cli], opt.flag
+    elif any(os.environ.get(v) for v in opt.env):
+        var = next(v for v in opt.env if os.environ.get(v))
+        raw, source = [os.environ[var]], f"environment variable {var}"
+    else:
+        raw, source = [str(v) for v in config.getini(opt.ini) or []], f"ini key {opt.ini}"
+    out: list[str] = []
+    for value in raw:
+        value = value.strip()
+        if value == "sim" or value.startswith("sim:"):
+            out.append(value)
+        else:
+            out.extend(part.strip() for part in value.split(",") if part.strip())
+    return out, source
+
+
 def endpoint_of(config: pytest.Config) -> str | None:
     """The endpoint the user gave, or the server command that will provide one: without
     either, the plugin stays inactive."""
-    value, _ = raw_value(config, OPTIONS[0])
+    values, _ = url_values(config, OPTIONS[0])
     serve = next(o for o in OPTIONS if o.name == "serve")
-    return value or raw_value(config, serve)[0] or None
+    return (values[0] if values else None) or raw_value(config, serve)[0] or None
 
 
 def _bad(source: str, value: str, why: str) -> pytest.UsageError:
@@ -325,6 +362,8 @@ def load(config: pytest.Config) -> Settings:
     values: dict[str, Any] = {}
     for opt in OPTIONS:
         key = opt.dest[4:]
+        if key in ("endpoint", "metrics_url"):
+            continue  # lists of URLs: _endpoints()
         if opt.repeat:
             values[key] = _meta(raw_values(config, opt))
             continue
@@ -338,19 +377,10 @@ def load(config: pytest.Config) -> Settings:
             values[key] = _convert(key, value)
         except (ValueError, MatrixError) as exc:
             raise _bad(source, value, str(exc)) from None
+    notes: list[str] = []
+    _endpoints(config, values, notes)
     if values["serve"] is not None:
         _derive_endpoint(config, values)
-    endpoint = values["endpoint"]
-    if not (
-        endpoint == "sim"
-        or endpoint.startswith("sim:")
-        or endpoint.startswith(("http://", "https://"))
-    ):
-        raise _bad(
-            raw_value(config, OPTIONS[0])[1],
-            endpoint,
-            "use a URL such as http://127.0.0.1:8000, or 'sim' for the built-in simulator",
-        )
     min_duration = values["min_duration"] or 5.0
     if values["precision"] is not None and min_duration > (values["duration"] or 30.0):
         opt = next(o for o in OPTIONS if o.name == "min-duration")
@@ -362,15 +392,6 @@ def load(config: pytest.Config) -> Settings:
         )
     if values["prefill_contexts"] is None:
         values["prefill_contexts"] = values["contexts"]
-    notes = []
-    base = endpoint.rstrip("/")
-    if base.startswith("http") and base.endswith("/v1"):
-        # the base URL as the OpenAI SDK and server docs write it: the same server
-        values["endpoint"] = base.removesuffix("/v1")
-        notes.append(
-            f"--llm-endpoint ends in /v1, the API's path: measuring the server at "
-            f"{values['endpoint']}"
-        )
     for key in ("results", "save_baseline", "html", "serve_log"):
         if values[key] is not None:
             opt = next(o for o in OPTIONS if o.dest == f"llm_{key}")
@@ -380,6 +401,54 @@ def load(config: pytest.Config) -> Settings:
     plan = values.pop("serve_plan", None)
     settings = Settings(**{k: v for k, v in values.items() if v is not None})
     return dataclasses.replace(settings, notes=tuple(notes), serve_plan=plan)
+
+
+def _endpoints(config: pytest.Config, values: dict[str, Any], notes: list[str]) -> None:
+    """--llm-endpoint (one URL, several replicas, or the simulator) and --llm-metrics-url,
+    checked: each a URL, none twice, the simulator alone, a metrics URL per endpoint."""
+    urls, source = url_values(config, OPTIONS[0])
+    endpoints: list[str] = []
+    for url in urls:
+        url = url.rstrip("/")
+        if url == "sim" or url.startswith("sim:"):
+            if len(urls) > 1:
+                raise _bad(
+                    source,
+                    ",".join(urls),
+                    "the simulator is one endpoint: for simulated replicas give "
+                    "'sim:PROFILE?replicas=2'",
+                )
+        elif not url.startswith(("http://", "https://")):
+            raise _bad(
+                source,
+                url,
+                "use a URL such as http://127.0.0.1:8000, or 'sim' for the built-in simulator",
+            )
+        elif url.endswith("/v1"):
+            # the base URL as the OpenAI SDK and server docs write it: the same server
+            url = url.removesuffix("/v1")
+            notes.append(
+                f"--llm-endpoint ends in /v1, the API's path: measuring the server at {url}"
+            )
+        if url in endpoints:
+            raise _bad(source, url, "given twice: each replica once")
+        endpoints.append(url)
+    values["endpoint"] = endpoints[0] if endpoints else None
+    values["endpoints"] = tuple(endpoints) if len(endpoints) > 1 else None
+    opt = next(o for o in OPTIONS if o.name == "metrics-url")
+    metrics, msource = url_values(config, opt)
+    for url in metrics:
+        if not url.startswith(("http://", "https://")):
+            raise _bad(msource, url, "use a URL such as http://10.0.0.5:8000/metrics")
+    if metrics and len(endpoints) > 1 and len(metrics) != len(endpoints):
+        raise _bad(
+            msource,
+            ",".join(metrics),
+            f"{len(metrics)} metrics URL(s) for {len(endpoints)} endpoints: give one per "
+            "endpoint, in the same order (or one endpoint, a router, with one per replica "
+            "behind it)",
+        )
+    values["metrics_urls"] = tuple(metrics) or None
 
 
 def _derive_endpoint(config: pytest.Config, values: dict[str, Any]) -> None:
@@ -393,6 +462,12 @@ def _derive_endpoint(config: pytest.Config, values: dict[str, Any]) -> None:
     except LaunchError as exc:
         raise _bad(source, values["serve"], exc.message) from None
     given = values["endpoint"]
+    if values.get("endpoints"):
+        raise _bad(
+            source,
+            values["serve"],
+            "starts one server, but --llm-endpoint names several: give one of the two",
+        )
     if given is not None:
         host = urlsplit(given).hostname if given.startswith("http") else None
         if host not in ("127.0.0.1", "localhost", "::1"):
@@ -470,8 +545,6 @@ def _convert(key: str, value: str) -> Any:
         if not value.strip().isdigit():
             raise ValueError("must be a whole number of extra measurements (0, 1, 2, ...)")
         return int(value)
-    if key == "endpoint":
-        return value.strip().rstrip("/")
     if key == "serve":
         return value
     if key == "launch_command":

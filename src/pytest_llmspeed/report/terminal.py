@@ -223,6 +223,12 @@ def uncertainty_flags(c: CellRecord) -> list[str]:
     return why
 
 
+def replica_line(c: CellRecord) -> str:
+    """A decode cell's total tok/s next to each replica's."""
+    each = " · ".join(fmt_rate(x) for x in c.replica_tok_s or ())
+    return f"  {c.id}: total {fmt_rate(c.total_tok_s)} tok/s; per replica {each}"
+
+
 def render(cells: list[CellRecord], width: int, verbose: bool, notes: list[str]) -> list[str]:
     """All lines of the summary section."""
     prefill = [c for c in cells if c.phase is Phase.PREFILL]
@@ -244,6 +250,7 @@ def render(cells: list[CellRecord], width: int, verbose: bool, notes: list[str])
             why = cell_flags(c)
             if why:
                 lines.append(f"  {c.id}: " + "; ".join(why))
+        lines += [replica_line(c) for c in decode if c.replica_tok_s]
     if verbose and cells:
         lines += ["", "All measurements", details_table(cells)]
     lines += [f"note: {n}" for n in notes]

@@ -19,6 +19,8 @@ from .faults import parse_faults
 from .profiles import PROFILES, get_profile
 
 DEFAULT_PROFILE = "tiny"
+#: simulated replicas at most (each one a process)
+MAX_REPLICAS = 16
 
 #: ways the simulator can behave like a less vLLM-like OpenAI-compatible server (``quirks``)
 QUIRKS = {
@@ -57,9 +59,14 @@ class SimOptions:
     stream_interval: int = 1
     faults: str | None = None
     quirks: str | None = None
+    replicas: int = 1  # simulator processes, each its own engine (the plugin's sim:...?replicas=)
 
     def __post_init__(self) -> None:
         profile = get_profile(self.profile)
+        if not 1 <= self.replicas <= MAX_REPLICAS:
+            raise ValueError(f"replicas must be in 1..{MAX_REPLICAS}, got {self.replicas}")
+        if self.replicas > 1 and self.port != 0:
+            raise ValueError("several replicas need free ports: leave port out (0)")
         if not self.speed > 0:
             raise ValueError(f"speed must be positive, got {self.speed}")
         if not 0 <= self.noise < 1:
@@ -109,6 +116,7 @@ _CONVERTERS: dict[str, Any] = {
     "stream_interval": int,
     "faults": str,
     "quirks": str,
+    "replicas": int,
 }
 
 
@@ -298,6 +306,28 @@ def running_simulator_process(
                 proc.wait(10)
 
 
+@contextmanager
+def running_simulator_processes(
+    options: SimOptions | None = None, start_timeout: float = 60.0
+) -> Iterator[list[str]]:
+    """``options.replicas`` simulators, each in its own process with its own engine (replica
+    i draws its randomness from ``seed + i``); yield their base URLs."""
+    import contextlib
+    import dataclasses
+
+    opts = options or SimOptions()
+    with contextlib.ExitStack() as stack:
+        urls = [
+            stack.enter_context(
+                running_simulator_process(
+                    dataclasses.replace(opts, seed=opts.seed + i, replicas=1), start_timeout
+                )
+            )
+            for i in range(opts.replicas)
+        ]
+        yield urls
+
+
 __all__ = [
     "PROFILES",
     "SimOptions",
@@ -305,4 +335,5 @@ __all__ = [
     "parse_sim_spec",
     "running_simulator",
     "running_simulator_process",
+    "running_simulator_processes",
 ]
