@@ -17,6 +17,11 @@ step's time varies by that fraction):
 
     python -m benchmarks.intervals                       # about 15 minutes
     python -m benchmarks.intervals --runs 20 --slow-runs 8
+    python -m benchmarks.intervals --vllm                # real vLLM (CPU build, tiny model)
+
+With ``--vllm`` parts 1 and 2 run against one real vLLM server (``tests/vllm_server.py``, its
+defaults: 1K and 4K × 1 and 4, 512-token outputs) and part 3 is left out: a slower vLLM cannot
+be dialled in. Results go to ``benchmarks/results/intervals_vllm.md``.
 
 It drives the measurement core directly (``core.bench.Bench``), as the pytest layer does, and
 writes ``benchmarks/results/intervals.md``.
@@ -25,12 +30,13 @@ writes ``benchmarks/results/intervals.md``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any
 
 from benchmarks.common import RESULTS, command, machine, table, utc_now, write_page
 from pytest_llmspeed.core.bench import Bench, BenchConfig
@@ -151,22 +157,55 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slow-runs", type=int, default=4)
     ap.add_argument("--tolerance", type=float, default=0.02)
     ap.add_argument("--skip-wall", action="store_true")
+    ap.add_argument("--vllm", action="store_true", help="against real vLLM (parts 1 and 2)")
     args = ap.parse_args(argv)
+    if args.vllm:
+        given = set(argv if argv is not None else sys.argv[1:])
+        for flag, value in (
+            ("--contexts", "1024,4096"),
+            ("--concurrency", "1,4"),
+            ("--max-output", 512),
+            ("--fixed", 20.0),
+            ("--window", 8.0),
+            ("--precision", 0.02),
+        ):
+            if not any(g.startswith(flag) for g in given):
+                setattr(args, flag[2:].replace("-", "_"), value)
     args.contexts = [int(c) for c in args.contexts.split(",")]
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     started = time.perf_counter()
 
-    def sim(speed: float, seed: int) -> Any:
-        return running_simulator_process(
+    vllm_url: list[str] = []
+
+    @contextlib.contextmanager
+    def sim(speed: float, seed: int) -> Iterator[str]:
+        if vllm_url:  # one real server for every part
+            yield vllm_url[0]
+            return
+        with running_simulator_process(
             SimOptions(profile=args.profile, speed=speed, noise=args.noise, seed=seed)
-        )
+        ) as url:
+            yield url
+
+    stack = contextlib.ExitStack()
+    if args.vllm:
+        from benchmarks.common import running_vllm
+
+        server = stack.enter_context(running_vllm(RESULTS.parent / "logs")).server
+        vllm_url.append(server.url)
+        args.profile = f"real vLLM (CPU build, {server.model}) at {server.url}"
 
     lines = [
-        "# Intervals, early ends and the interval-aware gate (simulator)",
+        "# Intervals, early ends and the interval-aware gate "
+        + ("(real vLLM)" if args.vllm else "(simulator)"),
         "",
         f"Made {utc_now()} on {machine()} with `{command('benchmarks.intervals', argv)}`.",
-        f"Profile {args.profile}, noise {args.noise}, speed {args.speed}, contexts "
-        f"{args.contexts}, concurrency {args.concurrency}, max output {args.max_output}.",
+        (
+            f"Server: {args.profile}, contexts "
+            if args.vllm
+            else f"Profile {args.profile}, noise {args.noise}, speed {args.speed}, contexts "
+        )
+        + f"{args.contexts}, concurrency {args.concurrency}, max output {args.max_output}.",
         "",
     ]
     if not args.skip_wall:
@@ -261,6 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print("\n".join(lines[-8:]), flush=True)
 
+    if args.vllm:
+        stack.close()
+        lines.append(f"Whole benchmark: {(time.perf_counter() - started) / 60:.1f} min.")
+        write_page(RESULTS / "intervals_vllm.md", lines, "intervals")
+        return 0
     baseline = runs[0].cells
     tallies = {
         ("no change", True): gate(baseline, runs[1:], args.tolerance, True),

@@ -65,7 +65,8 @@ def test_a_ten_percent_slower_server_is_a_regression_in_every_measured_cell(runs
     assert done.returncode == 1, done.stdout + done.stderr  # a regression: exit 1
     assert "6 cell(s): 6 regressions" in done.stdout
     changes = [float(x) for x in _changes(done.stdout)]
-    assert len(changes) == 6 and all(-14 < c < -6 for c in changes), changes
+    # −10 % on the server; a busy machine moves single prefill requests by a few points more
+    assert len(changes) == 6 and all(-18 < c < -5 for c in changes), changes
     assert "❌" in (tmp_path / "c.md").read_text()
 
 

@@ -91,7 +91,7 @@ def test_no_confirmation_fails_on_the_first_miss(results_doc, pytester, baseline
     )
     result.assert_outcomes(failed=1, deselected=1)
     result.stdout.fnmatch_lines(
-        ["*decode[[]1K-c1[]] total tok/s * < floor * (baseline * − 5%): −*%"]
+        ["*decode[[]1K-c1[]] total tok/s * < floor * (baseline * − 5%): −*%*"]
     )
     cell = results_doc("o.json")["cells"][-1]
     assert cell["status"] == "failed" and "attempts" not in cell

@@ -6,8 +6,10 @@ improvement only beyond a threshold that uses the cell's own noise:
 
     threshold = max(tolerance, 3 × √(se_old² + se_new²))
 
-where ``se`` is the relative standard error of the figure in its run: for a decode cell the
-coefficient of variation of its per-second throughput over √(seconds measured), and the spread
+where ``se`` is the relative standard error of the figure in its run: its 95 % interval's
+half-width / 1.96 where the cell has one (docs/metrics.md, "Uncertainty"), else for a decode
+cell the coefficient of variation of its per-second throughput over √(seconds measured) (files
+written before intervals), and the spread
 of its attempts when it was measured again; for a prefill cell with 3 or more repeats, the
 median absolute deviation of its cold requests (×1.4826) over √n. A cell with no noise
 estimate (one cold request) gets the tolerance.
@@ -87,9 +89,13 @@ def headline(cell: CellRecord) -> tuple[str, float | None]:
 def relative_noise(cell: CellRecord) -> float | None:
     """The relative standard error of a cell's headline figure within its run, or None."""
     parts: list[float] = []
-    if cell.phase is Phase.DECODE and cell.stability_cv and cell.measured_s:
-        parts.append(cell.stability_cv / math.sqrt(max(cell.measured_s, 1.0)))
     metric, value = headline(cell)
+    ci = cell.total_tok_s_ci if cell.phase is Phase.DECODE else cell.prompt_tok_s_ci
+    if ci is not None and value:
+        # the figure's 95 % interval (batch means, which allow for autocorrelation): ±1.96 se
+        parts.append(max(value - ci[0], ci[1] - value) / value / 1.96)
+    elif cell.phase is Phase.DECODE and cell.stability_cv and cell.measured_s:
+        parts.append(cell.stability_cv / math.sqrt(max(cell.measured_s, 1.0)))
     attempts = [a.get(metric) for a in cell.attempts]
     numbers = [float(v) for v in attempts if isinstance(v, int | float)]
     if len(numbers) >= 2 and value:

@@ -17,7 +17,7 @@ from typing import Any
 from ..results import CellRecord, Outcome, Phase, Results, Status, order_contexts
 from .charts import Series, line_chart
 from .compare import Comparison, Verdict, change_matrix, fmt_change
-from .terminal import cell_flags, fmt_ms, fmt_rate, fmt_tbt
+from .terminal import cell_flags, fmt_ci_ms, fmt_ms, fmt_rate, fmt_tbt, pm
 
 PREFILL_HINT = (
     "prompt tok/s by context length: the first request at each context, on a cold cache "
@@ -199,6 +199,7 @@ def _matrix(cells: list[CellRecord]) -> tuple[list[int], list[dict[str, Any]]]:
                 row.append(
                     {
                         "rate": fmt_rate(c.total_tok_s),
+                        "pm": pm(c.total_tok_s, c.total_tok_s_ci).strip(),
                         "ttft": f"{fmt_ms(c.ttft_ms)} TTFT",
                         "cls": "failed" if c.status is Status.FAILED else "",
                         "badge": badge,
@@ -318,9 +319,9 @@ def _details(cells: list[CellRecord]) -> list[list[str]]:
             rows.append(
                 [
                     *head,
-                    fmt_rate(c.prompt_tok_s),
+                    fmt_rate(c.prompt_tok_s) + pm(c.prompt_tok_s, c.prompt_tok_s_ci),
                     "—",
-                    fmt_ms(c.ttft_ms),
+                    fmt_ms(c.ttft_ms) + fmt_ci_ms(c.ttft_ms_ci),
                     *["—"] * 6,
                     str(c.completed or 1),
                     "—",
@@ -332,12 +333,12 @@ def _details(cells: list[CellRecord]) -> list[list[str]]:
             rows.append(
                 [
                     *head,
-                    fmt_rate(c.total_tok_s),
-                    fmt_rate(c.per_request_tok_s),
-                    fmt_ms(c.ttft_ms),
+                    fmt_rate(c.total_tok_s) + pm(c.total_tok_s, c.total_tok_s_ci),
+                    fmt_rate(c.per_request_tok_s) + pm(c.per_request_tok_s, c.per_request_tok_s_ci),
+                    fmt_ms(c.ttft_ms) + fmt_ci_ms(c.ttft_ms_ci),
                     fmt_ms(c.ttft_p90_ms),
                     fmt_ms(c.ttft_p99_ms),
-                    fmt_tbt(c.tbt_ms),
+                    fmt_tbt(c.tbt_ms) + fmt_ci_ms(c.tbt_ms_ci, 2),
                     fmt_tbt(c.tbt_p90_ms),
                     fmt_tbt(c.tbt_p99_ms),
                     f"{c.avg_active or 0:.1f}",
