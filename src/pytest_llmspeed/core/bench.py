@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -19,6 +19,7 @@ from .probe import ServerInfo, probe
 from .prompts import PromptFactory
 from .protocol import (
     DecodeResult,
+    DecodeTick,
     Dialect,
     PrefillResult,
     median_prefill,
@@ -176,7 +177,13 @@ class Bench:
             run_prefill(self.conn, factory, self.dialect, self.server.model, context, max_tokens)
         )
 
-    def decode(self, context: int, concurrency: int) -> DecodeResult:
+    def decode(
+        self,
+        context: int,
+        concurrency: int,
+        on_tick: Callable[[DecodeTick], None] | None = None,
+    ) -> DecodeResult:
+        """One sustained-decode cell; ``on_tick`` sees the window about once a second."""
         assert self.conn and self.factory and self.dialect and self.server
         cfg = self.config
         result = self.run(
@@ -192,6 +199,7 @@ class Bench:
                 watch_metrics=self.server.has_metrics,
                 precision=cfg.precision,
                 min_duration=cfg.min_duration,
+                on_tick=on_tick,
             )
         )
         if self.replicas is not None and len(self.replicas.connections) > 1:

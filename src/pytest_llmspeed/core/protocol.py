@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import re
 import statistics
 import time
 from collections import Counter
@@ -245,12 +246,14 @@ async def run_decode(
     open_timeout: float | None = None,
     precision: float | None = None,
     min_duration: float = 5.0,
+    on_tick: Callable[[DecodeTick], None] | None = None,
 ) -> DecodeResult:
     """N streams in flight, restarted at once; a D-second window opened when the first N
     streams all have their first token; every open stream cancelled at the window's end.
 
     With ``precision`` (a fraction), the window ends early once it is ``min_duration`` long,
-    the 95 % interval of total tok/s is at most that fraction of it, and no drift is seen."""
+    the 95 % interval of total tok/s is at most that fraction of it, and no drift is seen.
+    ``on_tick`` is called about once a second while the window is open (:class:`DecodeTick`)."""
     n = concurrency
     records: list[StreamRecord] = []
     slots_with_token: set[int] = set()
@@ -341,12 +344,15 @@ async def run_decode(
             if before is not None:
                 span_open = await _timed_metrics(conn)
             step = 1.0 if precision is None else 0.5
+            ticks = _Ticks(live, records, w0, duration, on_tick) if on_tick else None
             while time.perf_counter() < w1 and aborted is None:
                 if watch_metrics and before is not None:
                     snap = await _metrics(conn)
                     if snap is not None:
                         samples.append(snap)
                 now = time.perf_counter()
+                if ticks is not None:
+                    ticks.maybe(now)
                 if precision is not None and now - w0 >= min_duration and now < w1:
                     live.update(records)
                     if live.precise_enough(w0, now, precision, duration):
@@ -390,18 +396,39 @@ async def run_decode(
     )
 
 
+@dataclass(frozen=True)
+class DecodeTick:
+    """A decode window so far, for a live display (``run_decode(on_tick=...)``).
+
+    ``tokens`` are read from the raw stream while it runs: the rise of each stream's
+    ``usage.completion_tokens`` (exact with continuous usage stats), else one per event until
+    the final usage says how many there were; the cell's figure, counted after, is the one
+    that counts."""
+
+    elapsed_s: float  # since the window opened
+    window_s: float  # the window's full length (an early end may close it sooner)
+    tokens: int  # received inside the window so far
+    tok_s_now: float  # over the last tick (about a second)
+    in_flight: int  # streams open now
+
+
 class _LiveEvents:
     """SSE events received so far, by arrival time, read incrementally from the records' raw
     reads: the window's running throughput while the streams are open (tokens are counted
-    only after a stream ends; per event they are near enough for a relative precision)."""
+    only after a stream ends; per event they are near enough for a relative precision).
+    ``tokens`` holds the tokens each read brought, by the stream's own running usage
+    (:class:`DecodeTick` says how), for the live display."""
 
     def __init__(self) -> None:
         self.times: list[float] = []
         self.counts: list[int] = []
         self.cursor: list[int] = []
+        self.tokens: list[tuple[float, int]] = []
+        self.counted: list[int] = []  # tokens of each record put in ``tokens`` so far
 
     def update(self, records: list[StreamRecord]) -> None:
         self.cursor.extend([0] * (len(records) - len(self.cursor)))
+        self.counted.extend([0] * (len(records) - len(self.counted)))
         for i, rec in enumerate(records):
             reads = rec.reads
             for t, data in reads[self.cursor[i] :]:
@@ -409,6 +436,11 @@ class _LiveEvents:
                 if n:
                     self.times.append(t)
                     self.counts.append(n)
+                usage = _completion_tokens(data)
+                rise = n if usage is None else max(usage - self.counted[i], 0)
+                if rise:
+                    self.counted[i] += rise
+                    self.tokens.append((t, rise))
             self.cursor[i] = len(reads)
 
     def precise_enough(self, w0: float, now: float, goal: float, full: float) -> bool:
@@ -431,6 +463,54 @@ class _LiveEvents:
         elapsed = now - w0
         bias = drift.change / elapsed * max(full - elapsed, 0.0) / 2
         return not drift.flagged and abs(bias) <= goal / 2
+
+
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+
+
+def _completion_tokens(data: bytes) -> int | None:
+    """The last ``usage.completion_tokens`` in one raw read, if it has one (a stream's usage
+    only rises, so the last is the newest; a number cut by the read's end is corrected by the
+    next read's)."""
+    at = data.rfind(b'"completion_tokens":')
+    if at < 0:
+        return None
+    found = _COMPLETION_TOKENS.match(data, at)
+    return int(found.group(1)) if found else None
+
+
+class _Ticks:
+    """Calls ``on_tick`` about once a second while the window is open, from the tokens that
+    :class:`_LiveEvents` read since the last tick."""
+
+    EVERY_S = 0.9  # the window loop wakes every 0.5 or 1 s: ticks about a second apart
+
+    def __init__(
+        self,
+        live: _LiveEvents,
+        records: list[StreamRecord],
+        w0: float,
+        duration: float,
+        on_tick: Callable[[DecodeTick], None],
+    ) -> None:
+        self.live, self.records, self.w0, self.duration = live, records, w0, duration
+        self.on_tick = on_tick
+        self.last = w0
+        self.seen = 0  # entries of live.tokens already summed
+        self.tokens = 0
+
+    def maybe(self, now: float) -> None:
+        if now - self.last < self.EVERY_S:
+            return
+        self.live.update(self.records)
+        new = self.live.tokens[self.seen :]
+        self.seen += len(new)
+        fresh = sum(c for t, c in new if t >= self.w0)
+        self.tokens += fresh
+        in_flight = sum(1 for rec in self.records if rec.t_end is None)
+        rate = fresh / (now - self.last)
+        self.last = now
+        self.on_tick(DecodeTick(now - self.w0, self.duration, self.tokens, rate, in_flight))
 
 
 async def _timed_metrics(

@@ -8,16 +8,33 @@ terminal. ``-q`` silences them. The time left counts what the remaining cells wi
 decode cell its window plus the overhead the decode cells so far needed beyond their window
 (ramp-up, idle wait, confirmations), a context not warmed yet its prefill at the prefill rate
 measured so far; cells the arithmetic skips cost nothing.
+
+On a terminal only (the terminal reporter writes to a TTY, ``TERM`` is not ``dumb``, no live
+logging writes onto the same lines; not with ``-q``), a decode window also shows one live line,
+rewritten in place about once a second after pytest's own ``llmspeed `` (carriage return,
+cursor past it, erase to the end of the line; cut to the terminal's width) and erased before
+pytest writes the test's result there:
+
+    llmspeed [3/12] decode[8K-c16] · 12/30 s · 41,230 tokens · 3,512 tok/s now · 16 in flight
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pytest
 
 from ..results import CellId, CellRecord, Phase, Status
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..core.protocol import DecodeTick
 
 #: overhead of a decode cell beyond its window before one was measured (seconds)
 FIRST_GUESS_OVERHEAD_S = 2.0
@@ -87,6 +104,19 @@ class Progress:
             f"about {duration_words(left)} left"
         )
 
+    def live_line(self, cid: CellId, tick: DecodeTick) -> str:
+        """``[3/12] decode[8K-c16] · 12/30 s · 41,230 tokens · 3,512 tok/s now · 16 in flight``"""
+        return f"[{self.done}/{self.total}] {cid} · {self.live_figures(tick)}"
+
+    @staticmethod
+    def live_figures(tick: DecodeTick) -> str:
+        """The live line without its cell (the start line above names it), for a narrow
+        terminal: ``12/30 s · 41,230 tokens · 3,512 tok/s now · 16 in flight``"""
+        return (
+            f"{tick.elapsed_s:.0f}/{tick.window_s:g} s · {tick.tokens:,} tokens · "
+            f"{tick.tok_s_now:,.0f} tok/s now · {tick.in_flight} in flight"
+        )
+
     def end_line(self, cid: CellId, record: CellRecord | None) -> str:
         took = time.monotonic() - self._cell_started
         self.warmed.add(cid.label)
@@ -117,14 +147,61 @@ class Progress:
         return f"{head}{status}: {record.total_tok_s:,.1f} tok/s{per}{ttft} ({took:.0f} s)"
 
 
+#: the live line's width is left at least this many columns, or it is not drawn
+MIN_LIVE_WIDTH = 20
+
+
 class ProgressReporter:
     """The plugin object that writes the lines (registered when the run is configured).
 
     ``pytest_runtest_logstart`` / ``logfinish`` run outside output capture (a test's setup and
-    teardown run inside it), so the lines reach the terminal or the log as they happen."""
+    teardown run inside it), so the lines reach the terminal or the log as they happen. The
+    live line is written during the test, so with capture suspended for each write (as live
+    logging does), raw: pytest's count of the current line's width stays its own."""
 
     def __init__(self, config: pytest.Config):
         self.config = config
+        self._live: bool | None = None  # decided at the first cell, when the terminal is set up
+        self._shown: int | None = None  # the live line is drawn after this many columns
+
+    def _live_wanted(self) -> bool:
+        """A live line only on a terminal, where a carriage return rewrites a line."""
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None or not reporter.isatty or os.environ.get("TERM") == "dumb":
+            return False
+        try:  # live logging writes records onto the same lines
+            log_cli = bool(self.config.getini("log_cli"))
+        except ValueError:  # -p no:logging
+            log_cli = False
+        return not log_cli and self.config.getoption("log_cli_level", None) is None
+
+    def _uncaptured(self) -> contextlib.AbstractContextManager[None]:
+        """Output capture suspended: writes reach the terminal, which also answers its width."""
+        capman = self.config.pluginmanager.get_plugin("capturemanager")
+        return capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
+
+    def _tick(self, progress: Progress, cid: CellId, tick: DecodeTick) -> None:
+        tw = self.config.get_terminal_writer()
+        with self._uncaptured():
+            at = tw.width_of_current_line  # after pytest's "llmspeed " (the test's id with -v)
+            room = tw.fullwidth - at - 1
+            if room < MIN_LIVE_WIDTH:
+                return
+            line = progress.live_line(cid, tick)
+            if len(line) > room:  # the cell's name first (the start line above has it)
+                line = progress.live_figures(tick)
+            if len(line) > room:
+                line = line[: room - 1] + "…"
+            tw.write_raw(f"\r\x1b[{at}C{line}\x1b[K" if at else f"\r{line}\x1b[K", flush=True)
+            self._shown = at
+
+    def _erase(self) -> None:
+        if self._shown is not None:
+            at, self._shown = self._shown, None
+            with self._uncaptured():
+                self.config.get_terminal_writer().write_raw(
+                    f"\r\x1b[{at}C\x1b[K" if at else "\r\x1b[K", flush=True
+                )
 
     def _write(self, line: str) -> None:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
@@ -146,9 +223,29 @@ class ProgressReporter:
         if found:
             progress, cid, _ = found
             self._write(progress.start_line(cid))
+            if self._live is None:
+                self._live = self._live_wanted()
+            if self._live:
+                self._set_on_tick(functools.partial(self._tick, progress, cid))
+
+    @pytest.hookimpl(tryfirst=True)  # before pytest writes the result where the line was
+    def pytest_runtest_logreport(self) -> None:
+        self._erase()
+
+    def pytest_keyboard_interrupt(self) -> None:
+        self._erase()
 
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
         found = self._run_and_cell(nodeid)
         if found:
+            self._erase()
+            self._set_on_tick(None)
             progress, cid, cells = found
             self._write(progress.end_line(cid, cells.get(str(cid))))
+
+    def _set_on_tick(self, on_tick: Callable[[DecodeTick], None] | None) -> None:
+        from .stash import RUN_KEY
+
+        run = self.config.stash.get(RUN_KEY, None)
+        if run is not None:
+            run.on_tick = on_tick

@@ -10,6 +10,7 @@ import dataclasses
 import datetime as _dt
 import platform
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -21,7 +22,7 @@ from ..core.bench import Bench, BenchConfig
 from ..core.errors import LLMSpeedError, redact
 from ..core.launch import LaunchedServer
 from ..core.matrix import Skip, context_label, decode_skip, exceeds_max_model_len
-from ..core.protocol import DecodeResult, PrefillResult
+from ..core.protocol import DecodeResult, DecodeTick, PrefillResult
 from ..core.records import prefill_record
 from ..gate.baseline import Baseline, mismatches
 from ..gate.baseline import dump as dump_baseline
@@ -72,6 +73,8 @@ class LLMSpeedRun:
         self.suite_rule = ""
         self.server_line = ""
         self.progress: Progress | None = None
+        #: sees each decode window about once a second (the live line on a terminal)
+        self.on_tick: Callable[[DecodeTick], None] | None = None
         self.node_cells: dict[str, CellId] = {}  # test node id → the cell it measures
         self.server: LaunchedServer | None = None  # started by --llm-serve
         self.engine_packages: dict[str, str] = {}
@@ -383,7 +386,7 @@ class LLMSpeedRun:
 
     def decode(self, tokens: int, concurrency: int) -> DecodeResult:
         assert self.bench is not None
-        return self.bench.decode(tokens, concurrency)
+        return self.bench.decode(tokens, concurrency, on_tick=self.on_tick)
 
     # -- the gate --------------------------------------------------------------------------
 
