@@ -5,6 +5,7 @@ results file such a run writes is checked against the published JSON Schema
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,19 @@ def _results_files(root: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
             continue
         if isinstance(doc, dict) and str(doc.get("schema", "")).startswith("pytest-llmspeed/"):
             yield path, doc
+
+
+@pytest.fixture(autouse=True)
+def _pytester_runs_without_pytest_asyncio(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sessions a test runs with pytester collect no async test: without pytest-asyncio
+    there (a test dependency of this project, not of the plugin) they print only what a user
+    of the plugin would see, not its warning about an unset loop scope."""
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester")  # it clears PYTEST_ADDOPTS when it is set up
+        addopts = f"{os.environ.get('PYTEST_ADDOPTS', '')} -p no:asyncio".strip()
+        monkeypatch.setenv("PYTEST_ADDOPTS", addopts)
 
 
 @pytest.fixture(autouse=True)
