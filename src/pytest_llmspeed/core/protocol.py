@@ -71,8 +71,16 @@ async def negotiate(conn: Connection, factory: PromptFactory, model: str, api: s
 
     A server that refuses even the plain request while the prompt is token ids is asked again
     with text prompts (``factory.text`` is set): some OpenAI-compatible servers take text only.
+    A server without any tokenize route gets text prompts from the start (no ids to draw from).
     """
+    if api == "completions" and not factory.text and not await factory.tokenizer.has_ids():
+        factory.text = True  # no tokenize route: no token ids to build prompts of
+        switched = "the server has no tokenize route: prompts sent as text"
+    else:
+        switched = None
     dialect, refused = await _negotiate_fields(conn, factory, model, api)
+    if switched and refused is None:
+        dialect.notes.insert(0, switched)
     if refused and refused.status in (400, 422) and api == "completions" and not factory.text:
         factory.text = True
         dialect, refused = await _negotiate_fields(conn, factory, model, api)
