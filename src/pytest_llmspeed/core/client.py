@@ -302,6 +302,7 @@ def account_tokens(rec: StreamRecord, max_tokens: int | None = None) -> StreamRe
         for c in choices:
             if c.get("finish_reason"):
                 rec.finish_reason = c["finish_reason"]
+                rec.finished = True  # transformers serve ends its streams without [DONE]
         if choices:
             content_chunks += 1
             if nonempty:
