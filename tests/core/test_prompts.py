@@ -85,13 +85,14 @@ async def test_text_prompts_are_built_before_the_cell_not_at_each_restart(tiny_s
         factory = PromptFactory(conn, "tiny", text=True)
         dialect = await negotiate(conn, factory, "tiny", "completions")
         calls: list[float] = []
-        tokenize = factory._tokenize
+        tokenizer = factory.tokenizer
+        tokenize = tokenizer._post_tokens
 
-        async def counted(**body):
+        async def counted(path, body):
             calls.append(time.perf_counter())
-            return await tokenize(**body)
+            return await tokenize(path, body)
 
-        factory._tokenize = counted  # type: ignore[method-assign]
+        tokenizer._post_tokens = counted  # type: ignore[method-assign]
         texts: list[str] = []
         make = factory.prompt
 

@@ -54,10 +54,29 @@ async def test_three_tokens_per_chunk_are_counted_exactly(quirks):
     assert counter_disagreement(result) is None
 
 
-async def test_one_token_per_chunk_is_said_and_the_counter_refutes_it():
-    # no usage, and outputs so long that no request finishes inside the window: nothing tells
-    # the tokens per chunk, so one per chunk is assumed, and the server's counter says 3x more
+async def test_with_no_request_finished_the_servers_tokenizer_counts_the_text_received():
+    # no usage, and outputs so long that no request finishes inside the window: the text each
+    # request received is counted with the server's /tokenize after the cell
     options = SimOptions(profile="tiny", speed=2.0, stream_interval=3, quirks="no-stream-usage")
+    with running_simulator_process(options) as url:
+        result, matched = await measure(url, max_output=4096, duration=2.0)
+    assert not any(m.complete for m in matched)
+    assert result.token_accounting == "tokenize"
+    assert "counted with the server's tokenizer on the text received" in result.token_note
+    inside = sum(m.tokens_inside(*result.window)[0] for m in matched)
+    received = sum(m.tokens for m in matched)
+    assert abs(result.stats.output_tokens / inside - 1) < 0.01, (result.stats.output_tokens, inside)
+    assert abs(result.received_tokens / received - 1) < 0.01, (result.received_tokens, received)
+    assert counter_disagreement(result) is None
+
+
+async def test_one_token_per_chunk_is_said_and_the_counter_refutes_it():
+    # no usage, outputs so long that no request finishes inside the window, and no tokenize
+    # route to count the text: nothing tells the tokens per chunk, so one per chunk is
+    # assumed, and the server's counter says 3x more
+    options = SimOptions(
+        profile="tiny", speed=2.0, stream_interval=3, quirks="no-stream-usage,no-tokenize"
+    )
     with running_simulator_process(options) as url:
         result, matched = await measure(url, max_output=4096, duration=2.0)
     tokens = sum(m.tokens_inside(*result.window)[0] for m in matched)

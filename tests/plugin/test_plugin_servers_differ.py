@@ -45,14 +45,15 @@ def test_server_without_usage_in_streams_counts_exactly_where_it_can_and_says_ho
 
 
 def test_a_cell_the_servers_counter_refutes_fails_with_both_figures(pytester):
-    # no usage, 3 tokens per chunk, outputs longer than the window: no request finishes, one
-    # token per chunk is all the client can assume, and the server's counter says 3x more
+    # no usage, 3 tokens per chunk, outputs longer than the window: no request finishes, no
+    # tokenize route to count their text, one token per chunk is all the client can assume,
+    # and the server's counter says 3x more
     result = run_matrix(
         pytester,
         "--llm-max-output=4096",
         "-m",
         "decode",
-        endpoint=f"{TINY}&quirks=no-stream-usage&stream_interval=3",
+        endpoint=f"{TINY}&quirks=no-stream-usage,no-tokenize&stream_interval=3",
     )
     result.assert_outcomes(failed=4, deselected=2)
     result.stdout.fnmatch_lines(
@@ -96,6 +97,29 @@ def test_server_that_refuses_token_ids_gets_text_prompts(pytester):
     prefill = {c["id"]: c for c in doc["cells"] if c["phase"] == "prefill"}
     assert prefill["prefill[4K]"]["status"] == "valid"
     assert prefill["prefill[4K]"]["context_tokens"] == 4096
+
+
+@pytest.mark.parametrize(
+    ("quirks", "says"),
+    [
+        ("no-tokenize,text-only", "usage.prompt_tokens of small non-streamed requests"),
+        ("tokenize-extras,text-only", "llama-cpp-python's /extras/tokenize"),
+    ],
+)
+def test_server_without_vllms_tokenize_gets_exact_text_prompts(pytester, quirks, says):
+    """No /tokenize (llama-cpp-python's server): text prompts sized by another route, said once;
+    the protocol checks usage.prompt_tokens == C on every request, so valid cells are exact."""
+    result = run_matrix(pytester, "--llm-prompt-form=text", endpoint=f"{TINY}&quirks={quirks}")
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines([f"note: prompts: text sized with {says}*"])
+    assert result.stdout.str().count("prompts: text sized with") == 1
+    doc = _doc(pytester)
+    assert doc["run"]["prompt_form"] == "text"
+    assert sum("prompts: text sized with" in n for n in doc["run"]["notes"]) == 1
+    cells = {c["id"]: c for c in doc["cells"]}
+    assert all(c["status"] == "valid" for c in cells.values())
+    assert cells["prefill[4K]"]["context_tokens"] == 4096
+    assert all(c["total_tok_s"] > 0 for c in cells.values() if c["phase"] == "decode")
 
 
 @pytest.mark.parametrize("form", ["ids", "text"])
@@ -177,12 +201,13 @@ def test_models_list_failing_goes_on_with_the_model_given(pytester):
 
 
 def test_server_without_tokenize_is_one_message_naming_the_url_and_its_purpose(pytester):
-    result = pytester.runpytest(f"--llm-endpoint={TINY}&quirks=no-tokenize")
+    # no tokenize route, and the requests that would size prompts by their usage fail
+    endpoint = f"{TINY}&quirks=no-tokenize&faults=start500=1"
+    result = pytester.runpytest(f"--llm-endpoint={endpoint}", "--llm-contexts=1K")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
         [
-            "ERROR: pytest-llmspeed: http://127.0.0.1:*/tokenize (sizing exact-length prompts "
-            "with the server's own tokenizer: the plugin needs vLLM's or SGLang's /tokenize) "
-            "answered HTTP 404: Not Found"
+            "ERROR: pytest-llmspeed: http://127.0.0.1:*/v1/completions (sizing a text prompt by "
+            "the server's usage.prompt_tokens) answered HTTP 500: *"
         ]
     )

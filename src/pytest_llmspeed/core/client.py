@@ -176,6 +176,7 @@ class StreamRecord:
     finish_reason: str | None = None
     usage_per_chunk: bool = True
     count_method: str | None = None  # USAGE, FINAL_USAGE, MAX_TOKENS, RATIO; None: unknown
+    tokenized: int | None = None  # tokens of the text received, by the server's tokenizer
     finished: bool = False  # the stream ended normally ([DONE] or a finish_reason)
 
     @property
@@ -215,6 +216,28 @@ def _chunk_text_len(choice: dict[str, Any]) -> int:
     return n
 
 
+def _json_object(payload: bytes) -> dict[str, Any]:
+    """An event's JSON object; ``{}`` for ``[DONE]`` and anything else that is not one."""
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def stream_text(rec: StreamRecord) -> str:
+    """The output text a stream received (text, content, reasoning), reassembled from its
+    events: for counting its tokens with the server's tokenizer, after the cell."""
+    parts: list[str] = []
+    for obj in map(_json_object, (payload for _, payload in _split_events(rec.reads))):
+        for c in obj.get("choices") or ():
+            parts.append(c.get("text") or "")
+            delta = c.get("delta") or {}
+            parts.append(delta.get("reasoning_content") or delta.get("reasoning") or "")
+            parts.append(delta.get("content") or "")
+    return "".join(parts)
+
+
 def _carries_token(obj: dict[str, Any]) -> bool:
     usage = obj.get("usage")
     if usage and (usage.get("completion_tokens") or 0) > 0:
@@ -227,6 +250,7 @@ USAGE = "usage"  # continuous usage: every chunk's tokens, exact
 FINAL_USAGE = "final-usage"  # the stream's final usage: the total exact, spread over chunks
 MAX_TOKENS = "max-tokens"  # no usage, finish_reason length at max_tokens: exact, spread
 RATIO = "ratio"  # cut at the window's end: the cell's tokens per chunk (an estimate)
+TOKENIZE = "tokenize"  # cut, no request finished: the server's tokenizer on the text received
 CHUNK_COUNT = "chunk-count"  # nothing better: one token per chunk (an estimate)
 EXACT = (USAGE, FINAL_USAGE, MAX_TOKENS)
 
@@ -278,6 +302,7 @@ def account_tokens(rec: StreamRecord, max_tokens: int | None = None) -> StreamRe
         for c in choices:
             if c.get("finish_reason"):
                 rec.finish_reason = c["finish_reason"]
+                rec.finished = True  # transformers serve ends its streams without [DONE]
         if choices:
             content_chunks += 1
             if nonempty:

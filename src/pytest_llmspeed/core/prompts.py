@@ -1,10 +1,13 @@
 """Exact-length prompts, sized by the server's own tokenizer (never a downloaded one).
 
-Completions API: prompts are token ids drawn from ids the server's ``/tokenize`` returned, so
+Completions API: prompts are token ids drawn from ids the server's tokenizer returned, so
 their length is exact by construction; or, with ``text=True`` (the text prompt form), text
-sized with ``/tokenize``, for servers that take no token ids and to send what text-only peers
-send. Chat API: text sized with ``/tokenize`` (with the chat template applied). Text prompts are
-checked against ``usage.prompt_tokens`` by the protocol.
+sized with the server's tokenizer, for servers that take no token ids and to send what
+text-only peers send. Chat API: text sized the same way (with the chat template applied).
+The tokenizer is reached by whichever route the server has (``core/tokenize.py``: vLLM's
+``/tokenize``, llama-cpp-python's ``/extras/tokenize``, llama.cpp's ``/tokenize`` with
+``content``, else ``usage.prompt_tokens`` of small requests). Text prompts are checked against
+``usage.prompt_tokens`` by the protocol.
 
 Every run draws a fresh salt, so no run reuses a cache left by an earlier one. Requests of one
 context share a prefix P(C) of C − s tokens and end in a unique suffix of s tokens.
@@ -20,6 +23,7 @@ from typing import Any
 
 from .client import Connection
 from .errors import LLMSpeedError
+from .tokenize import ROUTE_WORDS, TOKENIZE, ServerTokenizer
 
 SUFFIX_TOKENS = 32
 
@@ -129,8 +133,8 @@ class Prompt:
 class PromptFactory:
     """Builds the prompts of one run (one salt) for one API (``completions`` or ``chat``).
 
-    ``text``: completions prompts as text (sized with ``/tokenize``) instead of token ids;
-    chat prompts are always text.
+    ``text``: completions prompts as text (sized with the server's tokenizer) instead of token
+    ids; chat prompts are always text.
     """
 
     conn: Connection
@@ -147,6 +151,7 @@ class PromptFactory:
     notes: list[str] = field(default_factory=list)
     _head_json: dict[int, bytes] = field(default_factory=dict)
     _issued: dict[int, int] = field(default_factory=dict)
+    _tokenizer: ServerTokenizer | None = None
 
     @property
     def uses_ids(self) -> bool:
@@ -164,6 +169,7 @@ class PromptFactory:
             suffix_tokens=self.suffix_tokens,
             _pool=self._pool,
             _slot_words=self._slot_words,
+            _tokenizer=self.tokenizer,
         )
 
     def cheap(self, context: int) -> bool:
@@ -171,23 +177,26 @@ class PromptFactory:
         text whose template is built): a decode cell makes a fresh one for every restart."""
         return self.uses_ids or self._templates.get(context) is not None
 
-    async def _tokenize(self, **body: Any) -> list[int]:
-        body.setdefault("model", self.model)
-        data = await self.conn.post_json(
-            "/tokenize",
-            body,
-            "sizing exact-length prompts with the server's own tokenizer: the plugin needs "
-            "vLLM's or SGLang's /tokenize",
-        )
-        tokens = data.get("tokens")
-        if not isinstance(tokens, list):
-            raise PromptError(f"/tokenize on {self.conn.base_url} did not return token ids")
-        return tokens
+    @property
+    def tokenizer(self) -> ServerTokenizer:
+        """The server's tokenizer (its route found once, shared with :meth:`fresh` copies)."""
+        if self._tokenizer is None:
+            self._tokenizer = ServerTokenizer(self.conn, self.model, api=self.api)
+        return self._tokenizer
+
+    async def route(self) -> str:
+        """Find the tokenize route once; say how prompts are sized when it is not vLLM's."""
+        tok = self.tokenizer
+        route = await tok.find_route()
+        if tok.note and not tok.note_said:  # once per run, by whichever factory asked first
+            tok.note_said = True
+            self.notes.append(tok.note)
+        return route
 
     async def id_pool(self) -> list[int]:
         """Token ids the server's tokenizer really produces (valid for any vocabulary size)."""
         if not self._pool:
-            ids = await self._tokenize(prompt=_SEED_TEXT, add_special_tokens=False)
+            ids = await self.tokenizer.ids(_SEED_TEXT)
             self._pool = sorted(set(ids))
             if len(self._pool) < 8:
                 raise PromptError("the server's tokenizer gave fewer than 8 distinct token ids")
@@ -204,6 +213,7 @@ class PromptFactory:
 
     async def prompt(self, context: int, index: int) -> Prompt:
         """Prompt ``index`` at ``context`` tokens: shared prefix P(C) + unique suffix."""
+        await self.route()
         s = min(self.suffix_tokens, max(context - 1, 0))
         if self.uses_ids:
             pool = await self.id_pool()
@@ -225,14 +235,12 @@ class PromptFactory:
         body = {"messages": [{"role": "user", "content": text}]}
         return Prompt(body, context, head_json=head_json, tail=tail)
 
-    # -- text prompts: sized with /tokenize ---------------------------------------------------
+    # -- text prompts: sized with the server's tokenizer ----------------------------------------
 
     async def _count(self, content: str) -> int:
         """Prompt tokens of ``content`` as the server counts them in ``usage.prompt_tokens``:
         with the chat template for chat, with the special tokens (BOS) for completions."""
-        if self.api == "completions":
-            return len(await self._tokenize(prompt=content))
-        return len(await self._tokenize(messages=[{"role": "user", "content": content}]))
+        return await self.tokenizer.prompt_tokens(content)
 
     async def _fit(self, head: str, target: int, rng: random.Random, sep: str) -> str:
         """``head`` + words so that the prompt has exactly ``target`` tokens.
@@ -270,7 +278,8 @@ class PromptFactory:
             return text() + fill
         fix = "token-id prompts" if self.api == "completions" else "the completions API"
         raise PromptError(
-            f"could not size a text prompt to exactly {target} tokens with /tokenize "
+            f"could not size a text prompt to exactly {target} tokens with "
+            f"{ROUTE_WORDS[self.tokenizer.route or TOKENIZE]} "
             f"(got {count}); use {fix}",
             setting="prompt_form" if self.api == "completions" else "api",
         )
@@ -284,7 +293,7 @@ class PromptFactory:
         if self._slot_words is None:
             groups: dict[int, list[str]] = {}
             for word in _WORDS:
-                n = len(await self._tokenize(prompt=" " + word, add_special_tokens=False))
+                n = await self.tokenizer.count_piece(" " + word)
                 groups.setdefault(n, []).append(word)
             per, words = max(groups.items(), key=lambda kv: (len(kv[1]), -kv[0]))
             self._slot_words = (words if len(words) >= 8 else [], per)

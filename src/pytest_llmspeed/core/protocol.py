@@ -25,12 +25,14 @@ from .client import (
     FINAL_USAGE,
     MAX_TOKENS,
     RATIO,
+    TOKENIZE,
     USAGE,
     Connection,
     StreamRecord,
     account_tokens,
     spread,
     stream_request,
+    stream_text,
 )
 from .errors import KeyRejected, LLMSpeedError, RequestRejected
 from .intervals import batch_means, trend
@@ -38,6 +40,7 @@ from .probe import SNAPSHOT_FAMILIES, MetricsSnapshot, read_metrics, snapshot
 from .prompts import PromptFactory
 from .replicas import ReplicaSet, stream_to
 from .stats import DecodeStats, RequestTrace, decode_stats, prompt_tok_s
+from .tokenize import ServerTokenizer
 
 VENDOR_FIELDS = ("ignore_eos", "min_tokens")
 
@@ -72,8 +75,16 @@ async def negotiate(conn: Connection, factory: PromptFactory, model: str, api: s
 
     A server that refuses even the plain request while the prompt is token ids is asked again
     with text prompts (``factory.text`` is set): some OpenAI-compatible servers take text only.
+    A server without any tokenize route gets text prompts from the start (no ids to draw from).
     """
+    if api == "completions" and not factory.text and not await factory.tokenizer.has_ids():
+        factory.text = True  # no tokenize route: no token ids to build prompts of
+        switched = "the server has no tokenize route: prompts sent as text"
+    else:
+        switched = None
     dialect, refused = await _negotiate_fields(conn, factory, model, api)
+    if switched and refused is None:
+        dialect.notes.insert(0, switched)
     if refused and refused.status in (400, 422) and api == "completions" and not factory.text:
         factory.text = True
         dialect, refused = await _negotiate_fields(conn, factory, model, api)
@@ -372,6 +383,7 @@ async def run_decode(
     for res in results:
         if isinstance(res, KeyRejected):
             raise res
+    await tokenize_cut(records, factory.tokenizer, max_output)  # after the cell
     if opened_in_time and t_stop < w1 - 1e-3:
         cut = f"the window was cut short after {t_stop - w0:.1f} of {duration:g} s"
         aborted = f"{cut}: {aborted}" if aborted else cut
@@ -642,6 +654,28 @@ def _decode_result(
     )
 
 
+async def tokenize_cut(
+    records: list[StreamRecord], tokenizer: ServerTokenizer, max_output: int
+) -> None:
+    """Where no request of a cell has an exact total (none finished, no usage), count the text
+    each cut request received with the server's tokenizer (whatever route it has), after the
+    cell; :func:`complete_accounting` uses it. Nothing where the server has no tokenize route,
+    or where it fails (then one token per chunk stays, said loudly)."""
+    for rec in records:
+        account_tokens(rec, max_output)
+    if any(r.count_method in EXACT and r.token_counts for r in records):
+        return
+    unknown = [r for r in records if r.count_method is None and r.token_counts]
+    try:
+        if not unknown or not await tokenizer.has_ids():
+            return
+        for rec in unknown:
+            rec.tokenized = await tokenizer.count_text(stream_text(rec))
+    except LLMSpeedError:
+        for rec in unknown:
+            rec.tokenized = None
+
+
 @dataclass(frozen=True)
 class Accounting:
     """How a cell's tokens were counted: the weakest method any request needed, in words."""
@@ -655,7 +689,8 @@ class Accounting:
 def complete_accounting(records: list[StreamRecord]) -> Accounting:
     """Count the tokens of requests whose stream said nothing exact (cut at the window's end
     with no usage): the tokens-per-chunk ratio of the cell's requests whose totals are exact,
-    and its standard error; one token per chunk only where no request's total is known."""
+    and its standard error; where no request's total is known, the server's tokenizer on the
+    text received (:func:`tokenize_cut`); one token per chunk only where neither exists."""
     exact = [r for r in records if r.count_method in EXACT and r.token_counts]
     unknown = [r for r in records if r.count_method is None and r.token_counts]
     methods = {r.count_method for r in exact}
@@ -666,12 +701,22 @@ def complete_accounting(records: list[StreamRecord]) -> Accounting:
         how = "final usage" if method == FINAL_USAGE else "max_tokens at finish_reason length"
         return Accounting(method, f"tokens: {how}, spread over chunks")
     basis = [r for r in exact if r.count_method != USAGE] or exact
+    if not basis and all(r.tokenized is not None for r in unknown):
+        for r in unknown:
+            r.token_counts = spread(r.tokenized or 0, len(r.token_counts))
+            r.count_method = TOKENIZE
+        return Accounting(
+            TOKENIZE,
+            f"tokens: {len(unknown)} request(s) cut at the window's end counted with the "
+            "server's tokenizer on the text received (no usage, no request finished)",
+        )
     if not basis:
         for r in unknown:
             r.count_method = CHUNK_COUNT
         return Accounting(
             CHUNK_COUNT,
-            "tokens: ONE TOKEN PER CHUNK ASSUMED (no usage, no request finished at max_tokens): "
+            "tokens: ONE TOKEN PER CHUNK ASSUMED (no usage, no request finished at max_tokens, "
+            "no tokenize route to count the text): "
             "an estimate that undercounts multi-token chunks",
         )
     per_request = [r.n_tokens / len(r.token_counts) for r in basis]
@@ -708,7 +753,7 @@ def counter_disagreement(result: DecodeResult) -> str | None:
     if lo - slack <= delta <= hi + slack:
         return None
     if delta > hi:
-        if result.token_accounting in (CHUNK_COUNT, RATIO):
+        if result.token_accounting in (CHUNK_COUNT, RATIO, TOKENIZE):
             cause = "chunks that carry several tokens, counted without usage"
         else:
             cause = (

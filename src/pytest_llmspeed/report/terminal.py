@@ -190,7 +190,7 @@ def cell_flags(c: CellRecord) -> list[str]:
             "ONE TOKEN PER CHUNK ASSUMED: an estimate (no usage in stream, no request "
             "finished at max_tokens)"
         )
-    elif c.tokens == "ratio":
+    elif c.tokens in ("ratio", "tokenize"):
         why.extend(n.removeprefix("tokens: ") for n in c.notes if n.startswith("tokens: "))
     if c.early_stops:
         why.append(f"{c.early_stops} request(s) ended before max output")

@@ -29,6 +29,8 @@ QUIRKS = {
     "final-usage-only": "ignore continuous_usage_stats: usage only in the stream's last chunk",
     "models-500": "answer HTTP 500 on /v1/models (transformers serve offline does)",
     "no-tokenize": "answer HTTP 404 on /tokenize (llama-cpp-python's server has none)",
+    "tokenize-extras": "tokenize as llama-cpp-python: POST /extras/tokenize {input}; no /tokenize",
+    "tokenize-content": "tokenize as llama.cpp's server: POST /tokenize takes {content}",
     "no-metrics": "answer HTTP 404 on /metrics",
     "text-only": "answer HTTP 400 to prompts given as token ids",
 }

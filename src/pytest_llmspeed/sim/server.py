@@ -414,6 +414,7 @@ class SimServer:
         r.add_get("/v1/models", self.models)
         r.add_get("/metrics", self.metrics)
         r.add_post("/tokenize", self.tokenize)
+        r.add_post("/extras/tokenize", self.extras_tokenize)
         r.add_post("/detokenize", self.detokenize)
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat_completions)
@@ -843,9 +844,13 @@ class SimServer:
         )
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        if "no-tokenize" in self.quirks:
+        if "no-tokenize" in self.quirks or "tokenize-extras" in self.quirks:
             raise ApiError(404, "Not Found", "NotFoundError")
         body = await self._json_body(request)
+        if "tokenize-content" in self.quirks:  # llama.cpp: no content, no tokens
+            content = body.get("content")
+            text = content if isinstance(content, str) else ""
+            return web.json_response({"tokens": await self._encode(text)})
         if "messages" in body:
             ids = await self._chat_ids(body)
         else:
@@ -864,6 +869,16 @@ class SimServer:
                 "token_strs": strs,
             }
         )
+
+    async def extras_tokenize(self, request: web.Request) -> web.Response:
+        """llama-cpp-python's route: ``{"input": TEXT}`` → ``{"tokens": [...]}``."""
+        if "tokenize-extras" not in self.quirks:
+            raise ApiError(404, "Not Found", "NotFoundError")
+        body = await self._json_body(request)
+        text = body.get("input")
+        if not isinstance(text, str):
+            raise _bad("'input' (a string) is required", "input")
+        return web.json_response({"tokens": await self._encode(text)})
 
     async def detokenize(self, request: web.Request) -> web.Response:
         body = await self._json_body(request)

@@ -8,11 +8,14 @@ Vocabulary (``vocab_size`` ids, generated, fixed):
 - then whitespace, ASCII characters, common words and generated syllable words, each with and
   without a leading space.
 
-Text is split by :data:`PIECE_RE` (an optional leading space + up to 12 letters, or one digit, or
-one other character; runs of whitespace). A piece in the vocabulary gets its id; any other piece
-gets a stable hash id (crc32) among the word ids, so tokenizing never fails and never depends on
-the process. Counting is what matters here: ``/tokenize``, ``usage.prompt_tokens`` and token-id
-prompts agree exactly. ``detokenize`` maps ids back to text (hashed pieces do not round-trip).
+Text is split by :data:`PIECE_RE` (an optional leading space + up to 12 ASCII letters, or one
+digit, or one other ASCII character; each non-ASCII character alone; runs of whitespace). A
+non-ASCII character is its UTF-8 byte tokens (byte-level fallback, as the output text's byte
+pairs are generated: so output text tokenizes back to the tokens it was generated as). A piece
+in the vocabulary gets its id; any other piece gets a stable hash id (crc32) among the word ids,
+so tokenizing never fails and never depends on the process. Counting is what matters here:
+``/tokenize``, ``usage.prompt_tokens`` and token-id prompts agree exactly. ``detokenize`` maps
+ids back to text (hashed pieces do not round-trip).
 
 Chat template (``apply_chat_template``): each message is
 ``<|im_start|> ROLE \\n CONTENT <|im_end|> \\n`` = content tokens + 5, and the generation prompt
@@ -42,7 +45,9 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"
     f"<|reserved_{i}|>" for i in range(5, NUM_SPECIAL)
 ]
 
-PIECE_RE = re.compile(r" ?[^\W\d_]{1,12}| ?\d| ?_| ?[^\s\w]|\s+(?!\S)|\s+")
+PIECE_RE = re.compile(
+    r" ?[A-Za-z]{1,12}| ?\d| ?_|[^\x00-\x7f]| ?[^\s\w\x80-\U0010ffff]|\s+(?!\S)|\s+"
+)
 
 _COMMON_TEXT = (
     "the of and to a in is it you that he was for on are with as I his they be at one have this "
@@ -169,7 +174,15 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no special tokens added)."""
         piece_id = self._piece_id
-        return [piece_id(p) for p in PIECE_RE.findall(text)]
+        if text.isascii():
+            return [piece_id(p) for p in PIECE_RE.findall(text)]
+        ids: list[int] = []
+        for p in PIECE_RE.findall(text):
+            if len(p) == 1 and not p.isascii():  # byte-level fallback: its UTF-8 bytes
+                ids.extend(BYTE_BASE + b for b in p.encode("utf-8", "surrogatepass"))
+            else:
+                ids.append(piece_id(p))
+        return ids
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids``; byte tokens are joined before UTF-8 decoding."""
