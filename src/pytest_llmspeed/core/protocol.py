@@ -425,15 +425,13 @@ class DecodeTick:
 
 
 class _LiveEvents:
-    """SSE events received so far, by arrival time, read incrementally from the records' raw
-    reads: the window's running throughput while the streams are open (tokens are counted
-    only after a stream ends; per event they are near enough for a relative precision).
-    ``tokens`` holds the tokens each read brought, by the stream's own running usage
-    (:class:`DecodeTick` says how), for the live display."""
+    """Tokens received so far, by arrival time, read incrementally from the records' raw
+    reads while the streams are open (their exact accounting comes after they end): each read
+    brings the rise of its stream's running ``usage.completion_tokens``, or, on a server that
+    sends none, one per SSE event. For the early end (``--llm-precision``) and the live
+    display (:class:`DecodeTick`)."""
 
     def __init__(self) -> None:
-        self.times: list[float] = []
-        self.counts: list[int] = []
         self.cursor: list[int] = []
         self.tokens: list[tuple[float, int]] = []
         self.counted: list[int] = []  # tokens of each record put in ``tokens`` so far
@@ -445,9 +443,6 @@ class _LiveEvents:
             reads = rec.reads
             for t, data in reads[self.cursor[i] :]:
                 n = data.count(b"data:") - data.count(b"[DONE]")
-                if n:
-                    self.times.append(t)
-                    self.counts.append(n)
                 usage = _completion_tokens(data)
                 rise = n if usage is None else max(usage - self.counted[i], 0)
                 if rise:
@@ -461,8 +456,8 @@ class _LiveEvents:
         half-width, as a fraction), no drift is flagged, and the trend it has would move the
         full window's figure by less than half the goal (a window that ends early must not
         hide a server that slows down as its requests' contexts grow)."""
-        times = np.asarray(self.times, dtype=np.float64)
-        counts = np.asarray(self.counts, dtype=np.float64)
+        times = np.fromiter((t for t, _ in self.tokens), dtype=np.float64)
+        counts = np.fromiter((c for _, c in self.tokens), dtype=np.float64)
         bm = batch_means(times, counts, w0, now)
         if bm is None:
             return False
