@@ -48,10 +48,14 @@ __all__ = [
     "NOT_SET_UP",
     "SERVED_MODEL",
     "START_TIMEOUT_S",
+    "WATCHDOG",
     "Servers",
     "StartError",
     "VllmServer",
+    "free_port",
+    "http_get",
     "installation",
+    "kill_group",
     "offline_env",
     "vllm_home",
     "vllm_server",
@@ -103,13 +107,13 @@ def installation(home: Path) -> tuple[Path, Path] | None:
     return (python, model) if ready else None
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
-def _get(url: str, timeout: float = 5.0, api_key: str | None = None) -> tuple[int, str]:
+def http_get(url: str, timeout: float = 5.0, api_key: str | None = None) -> tuple[int, str]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         with urllib.request.urlopen(
@@ -132,7 +136,7 @@ def _tail(path: Path, lines: int = 40) -> str:
 # write end only this test process holds: if pytest dies, even by SIGKILL, the pipe closes and
 # the watchdog stops the whole group, so no server outlives its session. (vLLM ignores a
 # SIGTERM that arrives while it is still starting, so parent-death signals are not enough.)
-_WATCHDOG = """
+WATCHDOG = """
 import os, signal, subprocess, sys, threading, time
 server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # after the fork: the server keeps the default
@@ -152,7 +156,7 @@ sys.exit(server.returncode)
 """
 
 
-def _kill_group(proc: subprocess.Popen[bytes], grace_s: float = 20.0) -> None:
+def kill_group(proc: subprocess.Popen[bytes], grace_s: float = 20.0) -> None:
     """Stop a server started by Servers: SIGTERM to its group, then SIGKILL what is left."""
     pgid = proc.pid  # start_new_session=True: the watchdog leads its own group
     if proc.poll() is None:
@@ -241,7 +245,7 @@ class Servers:
     def _start(
         self, python: Path, model_dir: Path, stream_interval: int, api_key: str | None
     ) -> VllmServer:
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         keyed = "-apikey" if api_key else ""
         log_path = self.log_dir / f"vllm-stream{stream_interval}{keyed}-port{port}.log"
@@ -269,7 +273,7 @@ class Servers:
             log.write(f"$ {shown}\n".encode())
             log.flush()
             proc = subprocess.Popen(
-                [sys.executable, "-c", _WATCHDOG, *cmd],
+                [sys.executable, "-c", WATCHDOG, *cmd],
                 stdin=subprocess.PIPE,  # never written; closes when this process dies
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -288,13 +292,13 @@ class Servers:
                     f"log {log_path}, last lines:\n{_tail(log_path)}"
                 )
             try:
-                status, _ = _get(f"{url}/health", timeout=2.0)
+                status, _ = http_get(f"{url}/health", timeout=2.0)
                 if status == 200:
                     break
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                _kill_group(proc)
+                kill_group(proc)
                 raise StartError(
                     f"vLLM server not healthy after {START_TIMEOUT_S:.0f} s; "
                     f"log {log_path}, last lines:\n{_tail(log_path)}"
@@ -302,15 +306,15 @@ class Servers:
             time.sleep(0.5)
         startup_s = time.monotonic() - t0
         try:
-            _, body = _get(f"{url}/v1/models", api_key=api_key)
+            _, body = http_get(f"{url}/v1/models", api_key=api_key)
             max_model_len = int(json.loads(body)["data"][0]["max_model_len"])
-            _, metrics = _get(f"{url}/metrics", api_key=api_key)
+            _, metrics = http_get(f"{url}/metrics", api_key=api_key)
             match = _KV_RE.search(metrics)
             if match is None:
                 raise ValueError("no kv_cache_size_tokens in vllm:cache_config_info of /metrics")
             kv_tokens = int(match.group(1))
         except (OSError, ValueError, KeyError, IndexError) as exc:
-            _kill_group(proc)
+            kill_group(proc)
             raise StartError(
                 f"vLLM server at {url} is healthy but could not be probed: {exc}; log {log_path}"
             ) from exc
@@ -328,7 +332,7 @@ class Servers:
 
     def stop_all(self) -> None:
         while self.procs:
-            _kill_group(self.procs.pop())
+            kill_group(self.procs.pop())
         self.running.clear()
         self.groups.clear()
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm_server import _WATCHDOG, _free_port, _get, _kill_group, offline_env, vllm_home
+from tests.vllm_server import WATCHDOG, free_port, http_get, kill_group, offline_env, vllm_home
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -36,7 +36,7 @@ def transformers_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
     if not (ts / "setup.json").is_file() or not python.exists():
         pytest.fail(NOT_SET_UP, pytrace=False)
     model = str(ts / "model")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = tmp_path_factory.mktemp("transformers-serve") / "serve.log"
     cmd = [
@@ -46,7 +46,7 @@ def transformers_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
     env = {**offline_env(dict(os.environ)), "PYTHONPATH": str(ts / "site")}
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-c", _WATCHDOG, *cmd],
+            [sys.executable, "-c", WATCHDOG, *cmd],
             stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -59,7 +59,7 @@ def transformers_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
             if proc.poll() is not None:
                 pytest.fail(f"transformers serve exited:\n{log_path.read_text()[-3000:]}")
             try:
-                if _get(f"{url}/health", timeout=2.0)[0] == 200:
+                if http_get(f"{url}/health", timeout=2.0)[0] == 200:
                     break
             except OSError:
                 pass
@@ -68,7 +68,7 @@ def transformers_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
             time.sleep(0.5)
         yield url, model
     finally:
-        _kill_group(proc)
+        kill_group(proc)
 
 
 def _stream(url: str, model: str, max_tokens: int) -> tuple[int, str | None, int]:
