@@ -75,7 +75,7 @@ def measure(url: str, args: argparse.Namespace, window: float, precision: float 
     cells: dict[str, CellRecord] = {}
     try:
         for ctx in args.contexts:
-            bench.prefill(ctx, args.max_output)
+            bench.prefill(ctx, 16)  # the cold request that warms P(C); its output is not measured
             for n in args.concurrency:
                 rec = decode_record(ctx, bench.decode(ctx, n))
                 cells[str(rec.id)] = rec

@@ -8,6 +8,7 @@ import pytest
 from pytest_llmspeed.core.intervals import (
     batch_means,
     little_residual,
+    long_run_sd,
     median_interval,
     t_quantile,
     trend,
@@ -135,3 +136,40 @@ def test_little_residual_is_zero_when_n_are_kept_in_flight_and_negative_when_not
     late = [(t, t + 1.0) for s in range(4) for t in np.arange(0, 12, 1.25)]
     assert little_residual(late, 0.05, 10.05, 4) == pytest.approx(-0.2, abs=0.03)
     assert little_residual([], 0.0, 1.0, 4) is None
+
+
+def test_spreading_chunks_over_their_stream_removes_edge_noise():
+    # one steady stream: 3 tokens every 70 ms, exactly 42.86 tok/s; 0.31 s batches cut chunks
+    times = np.arange(1, 200) * 0.07
+    counts = np.full(len(times), 3.0)
+    starts = np.concatenate([[times[0]], times[:-1]])
+    by_arrival = batch_means(times, counts, 0.5, 10.5)
+    by_rate = batch_means(times, counts, 0.5, 10.5, starts)
+    # the figure is the same (tokens that arrived in the window over its length) ...
+    assert (by_arrival.interval.low + by_arrival.interval.high) / 2 == pytest.approx(
+        (by_rate.interval.low + by_rate.interval.high) / 2
+    )
+
+    # ... but a whole chunk more or less per batch looked like noise: ±3 % for nothing
+    def half(bm):
+        return (bm.interval.high - bm.interval.low) / 2 / (3 / 0.07)
+
+    assert half(by_arrival) > 0.01
+    assert half(by_rate) < 0.001
+    # spread tokens add up to those of the window (the part of the first chunk's interval
+    # before the window opened is not in it)
+    assert sum(by_rate.fine_rates) * (10 / 32) == pytest.approx(3 / 0.07 * 10, rel=0.01)
+
+
+def test_clearly_alternating_batches_get_the_long_run_variance():
+    # a server whose steps alternate slow and fast: batches anti-correlated, the mean steady
+    rng = np.random.default_rng(21)
+    rates = 100 + np.tile([3.0, -3.0], 16) + rng.normal(0, 0.3, 32)
+    sd, how = long_run_sd(rates)
+    assert how == ", Newey-West"
+    assert rates.std(ddof=1) / 4 <= sd < rates.std(ddof=1) / 2  # floored at a quarter
+    # white noise keeps its plain standard deviation
+    noise = rng.normal(100, 3, 32)
+    while (d := noise - noise.mean())[1:] @ d[:-1] < 0:  # lag-1 correlation not negative
+        noise = rng.normal(100, 3, 32)
+    assert long_run_sd(noise) == (pytest.approx(noise.std(ddof=1)), "")

@@ -433,12 +433,15 @@ class _LiveEvents:
 
     def __init__(self) -> None:
         self.cursor: list[int] = []
-        self.tokens: list[tuple[float, int]] = []
+        #: (arrival, tokens, when the stream's previous tokens arrived: itself for its first)
+        self.tokens: list[tuple[float, int, float]] = []
         self.counted: list[int] = []  # tokens of each record put in ``tokens`` so far
+        self.last: list[float | None] = []  # each record's latest arrival with tokens
 
     def update(self, records: list[StreamRecord]) -> None:
         self.cursor.extend([0] * (len(records) - len(self.cursor)))
         self.counted.extend([0] * (len(records) - len(self.counted)))
+        self.last.extend([None] * (len(records) - len(self.last)))
         for i, rec in enumerate(records):
             reads = rec.reads
             for t, data in reads[self.cursor[i] :]:
@@ -447,7 +450,9 @@ class _LiveEvents:
                 rise = n if usage is None else max(usage - self.counted[i], 0)
                 if rise:
                     self.counted[i] += rise
-                    self.tokens.append((t, rise))
+                    previous = self.last[i]
+                    self.tokens.append((t, rise, t if previous is None else previous))
+                    self.last[i] = t
             self.cursor[i] = len(reads)
 
     def precise_enough(self, w0: float, now: float, goal: float, full: float) -> bool:
@@ -456,9 +461,10 @@ class _LiveEvents:
         half-width, as a fraction), no drift is flagged, and the trend it has would move the
         full window's figure by less than half the goal (a window that ends early must not
         hide a server that slows down as its requests' contexts grow)."""
-        times = np.fromiter((t for t, _ in self.tokens), dtype=np.float64)
-        counts = np.fromiter((c for _, c in self.tokens), dtype=np.float64)
-        bm = batch_means(times, counts, w0, now)
+        times = np.fromiter((t for t, _, _ in self.tokens), dtype=np.float64)
+        counts = np.fromiter((c for _, c, _ in self.tokens), dtype=np.float64)
+        starts = np.fromiter((s for _, _, s in self.tokens), dtype=np.float64)
+        bm = batch_means(times, counts, w0, now, starts)
         if bm is None:
             return False
         value = float(counts[(times >= w0) & (times < now)].sum()) / (now - w0)
@@ -512,7 +518,7 @@ class _Ticks:
         self.live.update(self.records)
         new = self.live.tokens[self.seen :]
         self.seen += len(new)
-        fresh = sum(c for t, c in new if t >= self.w0)
+        fresh = sum(c for t, c, _ in new if t >= self.w0)
         self.tokens += fresh
         in_flight = sum(1 for rec in self.records if rec.t_end is None)
         rate = fresh / (now - self.last)

@@ -79,11 +79,25 @@ def _pct(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
 
 
-def window_tokens(traces: Sequence[RequestTrace]) -> tuple[np.ndarray, np.ndarray]:
-    """Every chunk's arrival time and token count, all requests together."""
-    times = [t for tr in traces for t in tr.token_times]
-    counts = [c for tr in traces for c in tr.token_counts]
-    return np.asarray(times, dtype=np.float64), np.asarray(counts, dtype=np.float64)
+def window_tokens(traces: Sequence[RequestTrace]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every chunk's arrival time, token count, and when its stream's previous chunk arrived
+    (its own time for a stream's first chunk), all requests together."""
+    times: list[float] = []
+    counts: list[int] = []
+    starts: list[float] = []
+    for tr in traces:
+        if not len(tr.token_times):
+            continue
+        times.extend(tr.token_times)
+        counts.extend(tr.token_counts)
+        starts.append(tr.token_times[0])
+        starts.extend(tr.token_times[:-1])
+    as_array = np.asarray
+    return (
+        as_array(times, dtype=np.float64),
+        as_array(counts, dtype=np.float64),
+        as_array(starts, dtype=np.float64),
+    )
 
 
 def decode_stats(
@@ -137,7 +151,10 @@ def decode_stats(
         mean = float(full.mean())
         cv = float(full.std(ddof=1) / mean) if mean > 0 else None
     total_tok_s = out_tokens / measured if measured > 0 else 0.0
-    bm = batch_means(*window_tokens(traces), w0, w1) if measured > 0 else None
+    bm = None
+    if measured > 0:
+        times, counts, starts = window_tokens(traces)
+        bm = batch_means(times, counts, w0, w1, starts)
     per_request_ci = None
     if bm is not None and per_request is not None:
         arrays = [
