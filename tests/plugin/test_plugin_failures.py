@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from tests.plugin import sigint_as_at_a_terminal
+
 pytestmark = pytest.mark.slow  # every test here runs a matrix on the simulator
 
 
@@ -116,6 +118,7 @@ def test_ctrl_c_keeps_the_finished_cells(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=sigint_as_at_a_terminal,
         cwd=tmp_path,
     )
     deadline = time.monotonic() + 60

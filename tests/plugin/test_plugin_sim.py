@@ -260,7 +260,10 @@ def test_every_prompt_the_server_received_has_its_cells_length(results_doc, pyte
         ids = [f"decode[{context // 1024}K-c{n}]" for n in (1, 4)]
         sent = [r for r in decode if r["prompt_tokens"] == context]
         # every request of the context's cells had exactly C tokens: none was counted elsewhere
-        assert len(sent) == sum(cells[i]["requests"] for i in ids) > 0
+        # (a request cancelled at the window's end may never have reached the server: at most
+        # one per stream in flight, 1 + 4)
+        requested = sum(cells[i]["requests"] for i in ids)
+        assert 0 < len(sent) <= requested <= len(sent) + 5
         # they share P(C), cached by the warm-up (all of its full blocks), and end in their
         # own suffix; a request cancelled before its admission has no cache lookup yet
         shared = (context - SUFFIX_TOKENS) // 16 * 16

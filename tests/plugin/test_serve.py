@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.plugin import sigint_as_at_a_terminal
+
 pytestmark = pytest.mark.slow
 
 MATRIX = ("--llm-contexts=1K", "--llm-concurrency=1,2", "--llm-duration=1", "--llm-max-output=64")
@@ -81,7 +83,8 @@ def test_ctrl_c_stops_the_server(tmp_path):
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-W", "ignore",
          f"--llm-serve={sim(marker)}", "--llm-contexts=1K,2K,4K", "--llm-concurrency=1,2",
          "--llm-duration=2", "--llm-max-output=4096", "--llm-results=out.json"],
-        cwd=tmp_path, stdout=subprocess.PIPE, text=True, start_new_session=True,
+        cwd=tmp_path, stdout=subprocess.PIPE, text=True,
+        preexec_fn=sigint_as_at_a_terminal, start_new_session=True,
     )  # fmt: skip
     for line in proc.stdout:  # interrupt once the first decode cell is under way
         if "decode[1K-c1] · window" in line:
