@@ -34,9 +34,11 @@ import contextlib
 import math
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from benchmarks.common import RESULTS, command, machine, table, utc_now, write_page
 from pytest_llmspeed.core.bench import Bench, BenchConfig
@@ -191,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.vllm:
         from benchmarks.common import running_vllm
 
-        server = stack.enter_context(running_vllm(RESULTS.parent / "logs")).server
+        logs = Path(tempfile.mkdtemp(prefix="llmspeed-intervals-vllm-"))
+        server = stack.enter_context(running_vllm(logs)).server
+        print(f"[intervals] vLLM at {server.url}, its log in {logs}", flush=True)
         vllm_url.append(server.url)
         args.profile = f"real vLLM (CPU build, {server.model}) at {server.url}"
 
