@@ -149,7 +149,7 @@ async def test_without_additive_words_text_prompts_are_still_exact(tiny_sim, api
 
 
 @pytest.mark.parametrize("api", ["completions", "chat"])
-def test_text_encoding_joins_escapes(api):
+async def test_text_encoding_joins_escapes(api):  # async only for the module's asyncio mark
     """A text prompt's body is its head's JSON (made once) + its tail's: the same bytes'
     meaning as encoding the whole body, with quotes, backslashes, newlines and non-ASCII."""
     head, tail = 'run 7: "quoted" \\ back\nslash é 𝄞 tab\t', ' river "x" \u2028 end'
