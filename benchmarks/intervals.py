@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from benchmarks.common import RESULTS, command, machine, table, utc_now, write_page
+from benchmarks.gate_noise import upper_bound
 from pytest_llmspeed.core.bench import Bench, BenchConfig
 from pytest_llmspeed.core.records import decode_record
 from pytest_llmspeed.gate.baseline import CellBaseline
@@ -129,18 +130,6 @@ def gate(
             tally.failed += len(result.regressions)
             tally.noisy += len(result.noisy)
     return tally
-
-
-def upper95(k: int, n: int) -> float:
-    """One-sided 95 % upper bound of a proportion k/n (Clopper-Pearson, by bisection)."""
-    if n == 0:
-        return 1.0
-    lo, hi = k / n, 1.0
-    for _ in range(60):
-        p = (lo + hi) / 2
-        cdf = sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k + 1))
-        lo, hi = (p, hi) if cdf > 0.05 else (lo, p)
-    return hi
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -325,7 +314,9 @@ def main(argv: list[str] | None = None) -> int:
         tallies[(label, False)] = gate(baseline, slow, args.tolerance, False)
     rows = []
     for (label, with_ci), t in tallies.items():
-        bound = f" (95 % bound ≤ {upper95(t.failed, t.checks):.1%})" if label == "no change" else ""
+        bound = (
+            f" (95 % bound ≤ {upper_bound(t.failed, t.checks):.1%})" if label == "no change" else ""
+        )
         rows.append(
             [
                 label,

@@ -309,12 +309,17 @@ class Drift:
     def flagged(self) -> bool:
         return self.significant and self.material
 
-    def words(self, what: str = "total tok/s") -> str:
-        way = "fell" if self.change < 0 else "rose"
-        return (
-            f"drift: {what} {way} {abs(self.change):.1%} over the window (a trend, not noise: "
-            f"t = {self.t_stat:+.1f}); the figure depends on when the window was taken"
-        )
+    def words(self) -> str:
+        return drift_words(self.change)
+
+
+def drift_words(change: float) -> str:
+    """The drift flag in words, from the fitted change over the window (− = slowing)."""
+    way = "fell" if change < 0 else "rose"
+    return (
+        f"drift: total tok/s {way} {abs(change):.1%} over the window (a trend, not noise): "
+        "the figure depends on when the window was taken"
+    )
 
 
 def trend(rates: Sequence[float]) -> Drift | None:

@@ -129,25 +129,19 @@ def over_capacity(context: int, concurrency: int, max_output: int, limits: Limit
     are spread evenly, so the busiest replica holds ceil(N / replicas) of them."""
     if limits.kv_capacity is None:
         return None
-    if limits.replicas > 1:
-        per = math.ceil(concurrency / limits.replicas)
-        need = per * (context + max_output)
-        if need <= limits.kv_capacity:
-            return None
-        return Skip(
-            Status.OVER_CAPACITY,
-            f"Over capacity: ceil({concurrency} / {limits.replicas} replicas) × "
-            f"({display_label(context)} + {max_output}) = {per} × {context + max_output:,} = "
-            f"{need:,} > KV capacity of one replica {limits.kv_capacity:,}",
-        )
-    need = concurrency * (context + max_output)
+    per = math.ceil(concurrency / limits.replicas)  # streams on the busiest replica
+    need = per * (context + max_output)
     if need <= limits.kv_capacity:
         return None
-    return Skip(
-        Status.OVER_CAPACITY,
-        f"Over capacity: {concurrency} × ({display_label(context)} + {max_output}) = "
-        f"{need:,} > KV capacity {limits.kv_capacity:,}",
-    )
+    size = f"({display_label(context)} + {max_output})"
+    if limits.replicas == 1:
+        arithmetic = f"{concurrency} × {size} = {need:,} > KV capacity"
+    else:
+        arithmetic = (
+            f"ceil({concurrency} / {limits.replicas} replicas) × {size} = {per} × "
+            f"{context + max_output:,} = {need:,} > KV capacity of one replica"
+        )
+    return Skip(Status.OVER_CAPACITY, f"Over capacity: {arithmetic} {limits.kv_capacity:,}")
 
 
 def decode_skip(context: int, concurrency: int, max_output: int, limits: Limits) -> Skip | None:

@@ -229,17 +229,6 @@ class DecodeResult:
     ended_precise: bool = False  # the window ended early, its interval narrow enough
 
     @property
-    def window_words(self) -> str | None:
-        """What the window reached: ``±1.3 % after 7.0 s`` (ended early) or ``window ended at
-        30 s with ±2.6 %`` (only said when a precision was asked for)."""
-        reached = self.stats.precision
-        if self.precision_goal is None or reached is None:
-            return None
-        if self.ended_precise:
-            return f"±{reached:.1%} after {self.stats.measured_s:.1f} s"
-        return f"window ended at {self.stats.measured_s:g} s with ±{reached:.1%}"
-
-    @property
     def error_rate(self) -> float:
         return sum(self.errors.values()) / max(self.stats.requests, 1)
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from tabulate import tabulate
 
-from ..core.intervals import LITTLE_TOLERANCE
+from ..core.intervals import LITTLE_TOLERANCE, drift_words
 from ..gate.verdict import Accounting
 from ..results import CellRecord, Phase, Status, order_contexts
 
@@ -208,11 +208,7 @@ def uncertainty_flags(c: CellRecord) -> list[str]:
     elif c.window_end == "duration" and c.precision is not None:
         why.append(f"window ended at {c.measured_s or 0:g} s with ±{c.precision:.1%}")
     if c.drift is not None:
-        way = "fell" if c.drift < 0 else "rose"
-        why.append(
-            f"drift: total tok/s {way} {abs(c.drift):.1%} over the window (a trend, not "
-            "noise): the figure depends on when the window was taken"
-        )
+        why.append(drift_words(c.drift))
     if c.little_residual is not None and abs(c.little_residual) > LITTLE_TOLERANCE:
         held = c.concurrency * (1 + c.little_residual)
         why.append(
