@@ -73,7 +73,7 @@ def test_help_lists_every_option(pytester):
         (["--llm-precision=abc"], "--llm-precision='abc': give the interval's half-width as a*"),
         (
             ["--llm-precision=2%", "--llm-min-duration=40"],
-            "--llm-min-duration='40.0': is longer than --llm-duration (30 s)*",
+            "--llm-min-duration='40': is longer than --llm-duration (30 s)*",
         ),
         (["--llm-min-duration=0"], "--llm-min-duration='0': must be a positive number of*"),
     ],

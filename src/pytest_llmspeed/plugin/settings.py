@@ -384,9 +384,10 @@ def load(config: pytest.Config) -> Settings:
     min_duration = values["min_duration"] or 5.0
     if values["precision"] is not None and min_duration > (values["duration"] or 30.0):
         opt = next(o for o in OPTIONS if o.name == "min-duration")
+        given, source = raw_value(config, opt)
         raise _bad(
-            raw_value(config, opt)[1],
-            str(values["min_duration"]),
+            source,
+            str(given),
             f"is longer than --llm-duration ({values['duration'] or 30.0:g} s): a window "
             "that may end early must be allowed to: lower it, or raise --llm-duration",
         )
