@@ -210,9 +210,28 @@ def test_a_server_that_breaks_every_stream_stops_the_run_before_any_cell(pyteste
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
-        ["ERROR: pytest-llmspeed: a first small completions request failed: stream broken: *"]
+        ["ERROR: pytest-llmspeed: a first small completions request failed: *: stream broken: *"]
     )
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+def test_a_500_not_about_the_prompt_names_the_url_and_keeps_token_ids(pytester):
+    """Only a refusal about the prompt switches to text prompts (llama-cpp-python answers its
+    validation errors with HTTP 500); any other 500 stops the run, naming URL and purpose."""
+    result = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=4&seed=1&faults=start500=1",
+        "--llm-contexts=1K",
+        *SMALL,
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "ERROR: pytest-llmspeed: a first small completions request failed: "
+            "http://127.0.0.1:*/v1/completions (finding which request fields and prompt form "
+            "the server takes): HTTP 500: llmspeed-sim injected fault*"
+        ]
+    )
+    assert "token-id prompts" not in result.stdout.str() + result.stderr.str()
 
 
 BREAK_AFTER_WARM_UP = """

@@ -86,10 +86,15 @@ def test_server_without_metrics_still_skips_by_the_given_capacity(pytester):
     assert _doc(pytester)["run"]["kv_capacity_source"] == "--llm-kv-capacity"
 
 
-def test_server_that_refuses_token_ids_gets_text_prompts(pytester):
-    result = run_matrix(pytester, endpoint=f"{TINY}&quirks=text-only")
+@pytest.mark.parametrize(("quirk", "status"), [("text-only", 400), ("text-only-500", 500)])
+def test_server_that_refuses_token_ids_gets_text_prompts(pytester, quirk, status):
+    """400 as vLLM would; 500 as llama-cpp-python's server answers its validation errors."""
+    result = run_matrix(pytester, endpoint=f"{TINY}&quirks={quirk}")
     result.assert_outcomes(passed=6)
-    note = "server rejected token-id prompts: prompts sent as text sized with /tokenize"
+    note = (
+        f"server rejected token-id prompts (HTTP {status}): prompts sent as text sized with its "
+        "tokenizer"
+    )
     result.stdout.fnmatch_lines(["llmspeed: api completions (text prompts)*", f"note: {note}"])
     doc = _doc(pytester)
     assert doc["run"]["prompt_form"] == "text" and note in doc["run"]["notes"]
@@ -120,6 +125,32 @@ def test_server_without_vllms_tokenize_gets_exact_text_prompts(pytester, quirks,
     assert all(c["status"] == "valid" for c in cells.values())
     assert cells["prefill[4K]"]["context_tokens"] == 4096
     assert all(c["total_tok_s"] > 0 for c in cells.values() if c["phase"] == "decode")
+
+
+def test_llama_cpp_pythons_differences_together(pytester):
+    """llama-cpp-python's server (tests/engines/test_llama_cpp.py) as quirks: token ids
+    refused with HTTP 500, /extras/tokenize only, no usage in streams, no /metrics. Each is said
+    once, prompts are exact and every finished request counts max_tokens, as on the real one."""
+    quirks = "text-only-500,tokenize-extras,no-stream-usage,no-metrics"
+    result = run_matrix(pytester, endpoint=f"{TINY}&quirks={quirks}")
+    result.assert_outcomes(passed=6)
+    said = [
+        "server rejected token-id prompts (HTTP 500): prompts sent as text sized with its "
+        "tokenizer",
+        "prompts: text sized with llama-cpp-python's /extras/tokenize",
+        "tokens: the server sends no usage in streams: a request that ends at max_tokens",
+        "KV capacity unknown: every cell ran",
+    ]
+    out = result.stdout.str()
+    assert [out.count(f"note: {line}") for line in said] == [1] * len(said), out
+    doc = _doc(pytester)
+    assert doc["run"]["prompt_form"] == "text"
+    cells = {c["id"]: c for c in doc["cells"]}
+    assert all(c["status"] == "valid" for c in cells.values())
+    assert cells["prefill[4K]"]["context_tokens"] == 4096
+    for cell in (c for c in cells.values() if c["phase"] == "decode"):
+        assert cell["tokens"] in ("max-tokens", "ratio") and cell["early_stops"] == 0
+        assert cell["received_tokens"] >= cell["completed"] * 128
 
 
 @pytest.mark.parametrize("form", ["ids", "text"])

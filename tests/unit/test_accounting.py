@@ -129,6 +129,27 @@ def test_cut_requests_take_the_cells_tokens_per_chunk():
     assert "2 request(s) cut at the window's end estimated at 3.00 tokens per chunk" in acc.note
 
 
+def early_stop(chunks):  # no usage, finish_reason stop (llama-cpp-python's end of generation)
+    rec = StreamRecord(
+        reads=[(1.0, sse(*[chunk("xyz")] * (chunks - 1), chunk("x", finish="stop")))]
+    )
+    return account_tokens(rec, 4096)
+
+
+def test_early_stops_without_usage_are_estimated_and_not_called_cut():
+    records = [finished(10, 30), finished(20, 60), cut(5), early_stop(4), early_stop(6)]
+    acc = complete_accounting(records)
+    assert acc.method == "ratio" and [r.n_tokens for r in records[2:]] == [15, 12, 18]
+    assert acc.note is not None and acc.note.startswith(
+        "tokens: 1 request(s) cut at the window's end and 2 request(s) that ended before "
+        "max_tokens (no usage) estimated at 3.00 tokens per chunk"
+    )
+    only_early = complete_accounting([finished(10, 30), early_stop(4)])
+    assert only_early.note is not None and only_early.note.startswith(
+        "tokens: 1 request(s) that ended before max_tokens (no usage) estimated at 3.00"
+    )
+
+
 def test_nothing_known_assumes_one_token_per_chunk_and_says_so_loudly():
     records = [cut(5), cut(7)]
     acc = complete_accounting(records)

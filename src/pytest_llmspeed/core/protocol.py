@@ -85,16 +85,35 @@ async def negotiate(conn: Connection, factory: PromptFactory, model: str, api: s
     dialect, refused = await _negotiate_fields(conn, factory, model, api)
     if switched and refused is None:
         dialect.notes.insert(0, switched)
-    if refused and refused.status in (400, 422) and api == "completions" and not factory.text:
+    if refused and _refused_prompt(refused) and api == "completions" and not factory.text:
+        ids_refused = refused
         factory.text = True
         dialect, refused = await _negotiate_fields(conn, factory, model, api)
         if refused is None:
             dialect.notes.insert(
-                0, "server rejected token-id prompts: prompts sent as text sized with /tokenize"
+                0,
+                f"server rejected token-id prompts (HTTP {ids_refused.status}): prompts sent "
+                "as text sized with its tokenizer",
             )
+        else:
+            factory.text = False
+            refused = ids_refused  # text did not help: the first refusal says the most
     if refused is not None:
-        raise LLMSpeedError(f"a first small {api} request failed: {refused.error}")
+        raise LLMSpeedError(
+            f"a first small {api} request failed: {conn.url(dialect.path)} (finding which "
+            f"request fields and prompt form the server takes): {refused.error}"
+        )
     return dialect
+
+
+def _refused_prompt(rec: StreamRecord) -> bool:
+    """Could a refusal be of the prompt's form? 400 and 422 as vLLM and OpenAI answer a bad
+    request; 500 as llama-cpp-python's server answers every validation error (token ids
+    included), when its message is about the prompt. Not a missing route, a missing model,
+    a busy or overloaded server, nor a 500 about something else."""
+    if rec.status == 500:
+        return "prompt" in (rec.error or "")
+    return rec.status in (400, 422)
 
 
 async def _negotiate_fields(
@@ -697,8 +716,8 @@ def complete_accounting(records: list[StreamRecord]) -> Accounting:
             r.count_method = TOKENIZE
         return Accounting(
             TOKENIZE,
-            f"tokens: {len(unknown)} request(s) cut at the window's end counted with the "
-            "server's tokenizer on the text received (no usage, no request finished)",
+            f"tokens: {_unknown_words(unknown)} counted with the server's tokenizer on the "
+            "text received (no usage, no request finished at max_tokens)",
         )
     if not basis:
         for r in unknown:
@@ -719,10 +738,21 @@ def complete_accounting(records: list[StreamRecord]) -> Accounting:
         r.token_counts = spread(round(k * ratio), k)
         r.count_method = RATIO
     note = (
-        f"tokens: {len(unknown)} request(s) cut at the window's end estimated at {ratio:.2f} "
+        f"tokens: {_unknown_words(unknown)} estimated at {ratio:.2f} "
         f"tokens per chunk (±{rel:.1%}, from {len(basis)} request(s) whose totals are exact)"
     )
     return Accounting(RATIO, note, ratio, rel)
+
+
+def _unknown_words(unknown: list[StreamRecord]) -> str:
+    """The requests whose totals were not known, in words: cut at the window's end, or ended
+    before max_tokens on a server that sends no usage (an early end of generation)."""
+    ended = sum(r.finished for r in unknown)
+    cut = len(unknown) - ended
+    if not ended:
+        return f"{cut} request(s) cut at the window's end"
+    early = f"{ended} request(s) that ended before max_tokens (no usage)"
+    return early if not cut else f"{cut} request(s) cut at the window's end and {early}"
 
 
 #: how far the server's generation counter may sit outside the received bracket: a relative

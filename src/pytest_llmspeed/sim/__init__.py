@@ -33,6 +33,7 @@ QUIRKS = {
     "tokenize-content": "tokenize as llama.cpp's server: POST /tokenize takes {content}",
     "no-metrics": "answer HTTP 404 on /metrics",
     "text-only": "answer HTTP 400 to prompts given as token ids",
+    "text-only-500": "answer HTTP 500 to prompts given as token ids (llama-cpp-python does)",
 }
 
 

@@ -596,6 +596,10 @@ class SimServer:
             ids = await self._encode(prompt)
         elif "text-only" in self.quirks and isinstance(prompt, list):
             raise _bad("'prompt' must be a string", "prompt")
+        elif "text-only-500" in self.quirks and isinstance(prompt, list):
+            # llama-cpp-python's error handler answers its validation errors with HTTP 500
+            message = f"{len(prompt)} validation errors: 'prompt': Input should be a valid string"
+            raise ApiError(500, message, "InternalServerError", "prompt")
         elif isinstance(prompt, list) and prompt and set(map(type, prompt)) == {int}:
             ids = prompt
             bad = self.tokenizer.out_of_vocab(ids)
