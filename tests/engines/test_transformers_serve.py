@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.vllm_server import WATCHDOG, free_port, http_get, kill_group, offline_env, vllm_home
+from tests.engines import running
+from tests.vllm_server import free_port, offline_env, vllm_home
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -44,31 +42,8 @@ def transformers_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
         "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
     env = {**offline_env(dict(os.environ)), "PYTHONPATH": str(ts / "site")}
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", WATCHDOG, *cmd],
-            stdin=subprocess.PIPE,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"transformers serve exited:\n{log_path.read_text()[-3000:]}")
-            try:
-                if http_get(f"{url}/health", timeout=2.0)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"transformers serve not healthy:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.5)
+    with running("transformers serve", cmd, env, f"{url}/health", log_path, 180):
         yield url, model
-    finally:
-        kill_group(proc)
 
 
 def _stream(url: str, model: str, max_tokens: int) -> tuple[int, str | None, int]:
