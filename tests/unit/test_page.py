@@ -65,3 +65,15 @@ def test_text_from_users_and_servers_is_escaped():
 )
 def test_secrets_are_redacted_from_a_launch_command(text, expected):
     assert redact_secrets(text) == expected
+
+
+def test_the_over_capacity_hint_only_where_a_cell_was_over_capacity():
+    from pytest_llmspeed.results import Status
+
+    results = load(DATA)
+    hint = "Over capacity: not run because"
+    assert any(c.status is Status.OVER_CAPACITY for c in results.cells)
+    assert hint in render_page(results).html
+    fitting = tuple(c for c in results.cells if c.status is not Status.OVER_CAPACITY)
+    html = render_page(dataclasses.replace(results, cells=fitting)).html
+    assert hint not in html and "TTFT is measured after the prefix is warm" in html

@@ -402,6 +402,7 @@ def render_page(results: Results, comparison: Comparison | None = None) -> Page:
         prefill_rows=_prefill_rows(prefill),
         matrix_columns=columns,
         matrix_rows=matrix_rows,
+        over_capacity=any(c.status is Status.OVER_CAPACITY for c in decode),
         charts=[_markup(c) for c in _charts(results)],
         details_header=DETAILS_HEADER,
         details_rows=_details(cells),
