@@ -16,7 +16,9 @@ from typing import Any
 from ..results import CEILINGS, FLOORS, CellId, CellRecord, Phase, Status
 
 #: run settings that make two runs comparable
-COMPARABLE = ("model", "api", "prompt_form", "max_output", "duration_s", "prefill_repeats")
+COMPARABLE = (
+    "model", "api", "prompt_form", "max_output", "duration_s", "prefill_repeats", "replicas",
+)  # fmt: skip
 DEFAULT_TOLERANCE = 0.05
 
 

@@ -190,6 +190,8 @@ class LLMSpeedRun:
             "max_output": self.settings.max_output,
             "duration_s": self.settings.duration,
             "prefill_repeats": self.settings.prefill_repeats,
+            # several replicas multiply throughput: a baseline of one is not a floor for two
+            "replicas": server.replica_count if server else None,
         }
 
     def save_baseline(self) -> str | None:
