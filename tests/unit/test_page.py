@@ -77,3 +77,22 @@ def test_the_over_capacity_hint_only_where_a_cell_was_over_capacity():
     fitting = tuple(c for c in results.cells if c.status is not Status.OVER_CAPACITY)
     html = render_page(dataclasses.replace(results, cells=fitting)).html
     assert hint not in html and "TTFT is measured after the prefix is warm" in html
+
+
+def test_per_replica_figures_on_the_page_and_in_the_markdown_summary():
+    from pytest_llmspeed.report.markdown import summary
+    from pytest_llmspeed.results import Phase, Status
+
+    results = load(DATA)
+    cell = next(c for c in results.cells if c.phase is Phase.DECODE and c.status is Status.VALID)
+    total = float(cell.total_tok_s or 0)
+    split = dataclasses.replace(cell, replica_tok_s=(round(total * 0.6, 2), round(total * 0.4, 2)))
+    cells = tuple(split if c is cell else c for c in results.cells)
+    html = render_page(dataclasses.replace(results, cells=cells)).html
+    a, b = (f"{x:,.1f}" for x in split.replica_tok_s or ())
+    assert f"per replica {a} tok/s · {b} tok/s" in html
+    md = summary("t", list(cells), [])
+    assert (
+        "**Per replica**" in md and f"- {cell.id}: total " in md and f"per replica {a} · {b}" in md
+    )
+    assert "Per replica" not in summary("t", list(results.cells), [])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ..results import CellRecord, Phase, Status, order_contexts
-from .terminal import fmt_ms, fmt_rate
+from .terminal import fmt_ms, fmt_rate, replica_line
 
 
 def summary(title: str, cells: list[CellRecord], notes: list[str]) -> str:
@@ -57,6 +57,9 @@ def summary(title: str, cells: list[CellRecord], notes: list[str]) -> str:
             ),
             "",
         ]
+        replicas = [f"- {replica_line(c).strip()}" for c in decode if c.replica_tok_s]
+        if replicas:
+            lines += ["**Per replica** (total tok/s of each)", "", *replicas, ""]
     if regressions:
         lines += ["**Regressions**", ""] + [f"- `{r}`" for r in regressions] + [""]
     lines += [f"> {n}" for n in notes]

@@ -310,6 +310,10 @@ def _details(cells: list[CellRecord]) -> list[list[str]]:
     for c in cells:
         phase = "Prefill" if c.phase is Phase.PREFILL else "Sustained decode"
         notes = [*(cell_flags(c) if c.phase is Phase.DECODE else []), *c.notes]
+        if c.replica_tok_s:
+            notes.append(
+                "per replica " + " · ".join(f"{fmt_rate(x)} tok/s" for x in c.replica_tok_s)
+            )
         if c.reason:
             notes.insert(0, c.reason)
         head = [phase, c.context_display or c.context, str(c.concurrency), c.status.label]
