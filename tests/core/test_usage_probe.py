@@ -3,9 +3,9 @@
 ``transformers serve`` sends usage only at the end of a stream, on its last chunk (the one with
 ``finish_reason``), and streams no text for a token that is part of a character: the probe's
 two tokens of a byte-level model with random weights are both such parts for about one prompt
-in eight (the run's salt draws it), and the stream is then that last chunk alone, usage on
+in seven (the run's salt draws it), and the stream is then that last chunk alone, usage on
 every chunk it has. The probe must not take that for continuous usage (it did: the note "usage
-only at the end" then went missing, one run in eight). A loopback server of that shape."""
+only at the end" then went missing, 14 probes of 100). A loopback server of that shape."""
 
 from __future__ import annotations
 
