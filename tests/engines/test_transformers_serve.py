@@ -1,22 +1,32 @@
 """A second real engine: ``transformers serve`` (continuous batching, CPU), from vLLM's offline
-environment and tiny model (``scripts/setup_transformers_serve.py`` adds ``accelerate`` and a
-copy of the model without EOS). It is less vLLM-like in every way issue 13 lists: it fails
+environment and tiny model (``scripts/setup_transformers_serve.py`` adds ``accelerate`` and two
+copies of the model without EOS). It is less vLLM-like in every way issue 13 lists: it fails
 ``/v1/models`` offline (HTTP 500), takes text prompts only and has no tokenize route (prompts are
 sized by ``usage.prompt_tokens``), rejects ``ignore_eos``/``min_tokens`` (HTTP 422), sends usage
 only at the end of a stream, several tokens per chunk, and has no ``/metrics``. The plugin
-measures it end to end and says each degradation once."""
+measures it end to end and says each degradation once; and on the copy that draws only words
+whose text tokenizes back to what was generated, its figures agree with an independent count of
+the streamed text's tokens (behind a recording proxy, counted with the model's tokenizer)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pytest_llmspeed.core import bench
+from pytest_llmspeed.core.protocol import DecodeResult
 from tests.engines import running
+from tests.engines.recording_proxy import recording_proxy, timed_sse_events
 from tests.vllm_server import free_port, offline_env, vllm_home
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -25,25 +35,56 @@ MAX_OUTPUT = 64
 NOT_SET_UP = "transformers serve is not set up: run `python scripts/setup_transformers_serve.py`"
 
 
-@pytest.fixture(scope="module")
-def transformers_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """(base URL, model name) of a running ``transformers serve --continuous-batching``."""
-    root = vllm_home()
-    ts = root / "transformers-serve"
-    python = root / "venv" / "bin" / "python"
-    if not (ts / "setup.json").is_file() or not python.exists():
+@contextlib.contextmanager
+def _serving(model_dir: str, tmp: Path, home: Home) -> Iterator[tuple[str, str]]:
+    """(base URL, model name) of a running ``transformers serve --continuous-batching`` of one of
+    the set-up's model copies."""
+    ts = home.root / "transformers-serve"
+    python = home.root / "venv" / "bin" / "python"
+    if not (ts / "setup.json").is_file() or not (ts / model_dir).is_dir() or not python.exists():
         pytest.fail(NOT_SET_UP, pytrace=False)
-    model = str(ts / "model")
+    model = str(ts / model_dir)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    log_path = tmp_path_factory.mktemp("transformers-serve") / "serve.log"
+    log_path = tmp / "serve.log"
+    # --cb-num-blocks: 64 blocks of 256 tokens (16K tokens; the matrix needs 2 × 1088). Without
+    # it continuous batching takes 90 % of the free memory for its KV cache (21 GB of 23 here),
+    # and a second server at the same time (another test run's) has the OOM killer end one.
     cmd = [
         str(python.parent / "transformers"), "serve", model, "--continuous-batching",
-        "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
+        "--cb-num-blocks", "64", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
-    env = {**offline_env(dict(os.environ)), "PYTHONPATH": str(ts / "site")}
+    env = {**offline_env(home.environ), "PYTHONPATH": str(ts / "site")}
     with running("transformers serve", cmd, env, f"{url}/health", log_path, 180):
         yield url, model
+
+
+@dataclass(frozen=True)
+class Home:
+    root: Path  # vLLM's set-up
+    environ: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def home() -> Home:
+    """Taken before any test's pytester sets HOME to a temporary directory: where the set-up is
+    and the servers' environment."""
+    return Home(vllm_home(), dict(os.environ))
+
+
+# one server at a time (a test each): two would double the CPU load of a busy machine
+@pytest.fixture
+def transformers_serve(tmp_path: Path, home: Home) -> Iterator[tuple[str, str]]:
+    """The tiny model as it is (random weights): lone bytes, several tokens per chunk."""
+    with _serving("model", tmp_path, home) as served:
+        yield served
+
+
+@pytest.fixture
+def transformers_serve_words(tmp_path: Path, home: Home) -> Iterator[tuple[str, str]]:
+    """The tiny model that draws words only: its text tokenizes back to what it generated."""
+    with _serving("model-words", tmp_path, home) as served:
+        yield served
 
 
 def _stream(url: str, model: str, max_tokens: int) -> tuple[int, str | None, int]:
@@ -74,12 +115,9 @@ def _stream(url: str, model: str, max_tokens: int) -> tuple[int, str | None, int
     return usage, finish, chunks
 
 
-def test_small_matrix_on_transformers_serve(pytester, transformers_serve):
-    url, model = transformers_serve
-    # without EOS every output reaches max_tokens (a chunk may carry several tokens)
-    usage, finish, chunks = _stream(url, model, MAX_OUTPUT)
-    assert (usage, finish) == (MAX_OUTPUT, "length") and 0 < chunks <= MAX_OUTPUT
-    result = pytester.runpytest(
+def _matrix(url: str, model: str) -> list[str]:
+    """A 1K × c1, c2 matrix of 3 s windows."""
+    return [
         f"--llm-endpoint={url}",
         f"--llm-model={model}",
         "--llm-max-model-len=4096",
@@ -88,7 +126,15 @@ def test_small_matrix_on_transformers_serve(pytester, transformers_serve):
         "--llm-duration=3",
         f"--llm-max-output={MAX_OUTPUT}",
         "--llm-results=out.json",
-    )
+    ]
+
+
+def test_small_matrix_on_transformers_serve(pytester, transformers_serve):
+    url, model = transformers_serve
+    # without EOS every output reaches max_tokens (a chunk may carry several tokens)
+    usage, finish, chunks = _stream(url, model, MAX_OUTPUT)
+    assert (usage, finish) == (MAX_OUTPUT, "length") and 0 < chunks <= MAX_OUTPUT
+    result = pytester.runpytest(*_matrix(url, model))
     result.assert_outcomes(passed=3)
     said = [
         f"note: warning: {url}/v1/models answered HTTP 500*; going on with the model given*",
@@ -117,3 +163,99 @@ def test_small_matrix_on_transformers_serve(pytester, transformers_serve):
         # a request of our own above)
         assert cell["received_tokens"] >= cell["completed"] * MAX_OUTPUT
         assert cell["received_tokens"] >= cell["received_chunks"] > 0
+
+
+#: Run with vLLM's Python (it has ``tokenizers``): argv = tokenizer.json, stdin = a JSON list of
+#: texts; prints the tokens of each (no special tokens).
+COUNT_TOKENS = r"""
+import json, sys
+from tokenizers import Tokenizer
+tok = Tokenizer.from_file(sys.argv[1])
+print(json.dumps([len(tok.encode(t, add_special_tokens=False).ids) for t in json.load(sys.stdin)]))
+"""
+
+
+def count_tokens(home: Home, model: str, texts: list[str]) -> list[int]:
+    """Tokens of each text by the model's own tokenizer, outside the plugin and the server."""
+    python = home.root / "venv" / "bin" / "python"
+    cmd = [str(python), "-c", COUNT_TOKENS, str(Path(model) / "tokenizer.json")]
+    out = subprocess.run(cmd, input=json.dumps(texts), capture_output=True, text=True, check=True)
+    counts: list[int] = json.loads(out.stdout)
+    return counts
+
+
+def _text(events: list[dict]) -> str:
+    return "".join(c.get("text") or "" for e in events for c in e.get("choices") or ())
+
+
+def test_figures_agree_with_an_independent_count_of_the_streamed_text(
+    pytester, transformers_serve_words, home, monkeypatch
+):
+    """The model copy that draws words only, behind a recording proxy: the text of every stream
+    is counted again with the model's tokenizer (``tokenizers``, in vLLM's environment) and
+    compared with what the plugin reported. The copy's text tokenizes back to exactly what was
+    generated (checked at set-up for the words, here for each stream's words), so the count of
+    its text is the count of its tokens."""
+    url, model = transformers_serve_words
+    words = {w.strip() for w in json.loads((Path(model).parent / "words.json").read_text())}
+    # each decode cell's result, with when it ran (a spy: the cell runs as it would)
+    cells: list[tuple[float, float, DecodeResult]] = []
+    run_decode = bench.run_decode
+
+    async def spy(*args: Any, **kwargs: Any) -> DecodeResult:
+        t0 = time.perf_counter()
+        result = await run_decode(*args, **kwargs)
+        cells.append((t0, time.perf_counter(), result))
+        return result
+
+    monkeypatch.setattr(bench, "run_decode", spy)
+    with recording_proxy(url) as (proxy_url, exchanges):
+        result = pytester.runpytest(*_matrix(proxy_url, model))
+    result.assert_outcomes(passed=3)
+    doc = json.loads((Path(pytester.path) / "out.json").read_text())
+    by_id = {c["id"]: c for c in doc["cells"]}
+    assert [r.concurrency for _, _, r in cells] == [1, 2]
+    # the streams of each cell, as the server sent them (the proxy) and as the plugin read
+    # them inside its window (its records' reads, parsed here)
+    streams = []
+    for t0, t1, res in cells:
+        mine = [
+            ex
+            for ex in exchanges
+            if ex.path == "/v1/completions"
+            and t0 <= ex.t_start <= t1
+            and ex.request().get("max_tokens") == MAX_OUTPUT
+        ]
+        assert len(mine) == len(res.records) == by_id[f"decode[1K-c{res.concurrency}]"]["requests"]
+        streams.append([ex.events() for ex in mine])
+    w_texts = [
+        _text([e for t, e in timed_sse_events(rec.reads) if res.window[0] <= t < res.window[1]])
+        for _, _, res in cells
+        for rec in res.records
+    ]
+    texts = [_text(events) for cell in streams for events in cell]
+    counts = count_tokens(home, model, texts + w_texts)
+    full, in_window = counts[: len(texts)], counts[len(texts) :]
+    assert all(set(t.split()) <= words for t in texts), "the model drew more than words"
+    for (_, _, res), cell_streams in zip(cells, streams, strict=True):
+        cell = by_id[f"decode[1K-c{res.concurrency}]"]
+        n = len(cell_streams)
+        mine, full = full[:n], full[n:]
+        window, in_window = in_window[:n], in_window[n:]
+        finished = 0
+        for events, tokens in zip(cell_streams, mine, strict=True):
+            usage = [e["usage"]["completion_tokens"] for e in events if e.get("usage")]
+            if any(c.get("finish_reason") for e in events for c in e.get("choices") or ()):
+                finished += 1  # exactly max_tokens, by the server's usage and by its text
+                assert (tokens, usage) == (MAX_OUTPUT, [MAX_OUTPUT]), (tokens, usage)
+        assert finished >= 2 and cell["tokens"] in ("final-usage", "ratio"), cell
+        # Only the requests cut at the window's end (one per stream at most) can differ: the
+        # plugin estimates them from the cell's tokens per chunk, and the proxy counts what it
+        # forwarded after the plugin's last read. Within 1 % (the issue asks "a few percent").
+        said = f"{cell['id']}: plugin {cell['received_tokens']}, text {sum(mine)}"
+        assert abs(cell["received_tokens"] - sum(mine)) <= 0.01 * sum(mine), said
+        # inside the window, by the plugin's own arrival times: total tok/s
+        said = f"{cell['id']}: plugin {cell['output_tokens']} in the window, text {sum(window)}"
+        assert abs(cell["output_tokens"] - sum(window)) <= 0.01 * sum(window), said
+        independent = sum(window) / cell["measured_s"]
+        assert cell["total_tok_s"] == pytest.approx(independent, rel=0.01), said

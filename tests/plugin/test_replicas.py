@@ -163,23 +163,20 @@ def test_metrics_url_is_where_metrics_are_read(pytester):
 def router(backends):
     """A round-robin router in front of ``backends`` that has no /metrics of its own (its own
     thread and event loop); yields its base URL."""
-    import asyncio
     import itertools
-    import threading
 
-    import aiohttp
     from aiohttp import web
 
-    turn = itertools.cycle(backends)
-    started = threading.Event()
-    state = {}
+    from tests.forwarding import forwarding_server
 
-    async def forward(request):
+    turn = itertools.cycle(backends)
+
+    async def forward(request, session):
         if request.path == "/metrics":
             raise web.HTTPNotFound()
         backend = next(turn) if request.path.startswith("/v1/completions") else backends[0]
         headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
-        async with state["session"].request(
+        async with session.request(
             request.method, backend + request.path_qs, data=await request.read(), headers=headers
         ) as upstream:
             response = web.StreamResponse(status=upstream.status, headers=headers)
@@ -190,30 +187,8 @@ def router(backends):
             await response.write_eof()
             return response
 
-    async def main():
-        state["session"] = aiohttp.ClientSession()
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", forward)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        state["url"] = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-        state["stop"] = asyncio.Event()
-        state["loop"] = asyncio.get_running_loop()
-        started.set()
-        await state["stop"].wait()
-        await state["session"].close()
-        await runner.cleanup()
-
-    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
-    thread.start()
-    started.wait(10)
-    try:
-        yield state["url"]
-    finally:
-        state["loop"].call_soon_threadsafe(state["stop"].set)
-        thread.join(10)
+    with forwarding_server(forward) as url:
+        yield url
 
 
 @pytest.mark.slow

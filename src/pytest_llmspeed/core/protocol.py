@@ -43,6 +43,8 @@ from .stats import DecodeStats, RequestTrace, decode_stats, prompt_tok_s
 from .tokenize import ServerTokenizer
 
 VENDOR_FIELDS = ("ignore_eos", "min_tokens")
+#: tokens of the dialect's second small request, when its first streamed a single chunk
+PROBE_MORE_TOKENS = 16
 
 
 @dataclass
@@ -121,15 +123,24 @@ async def _negotiate_fields(
 ) -> tuple[Dialect, StreamRecord | None]:
     """The dialect, and the request the server refused (None once one was accepted): all
     optional fields first, then fewer on 400/422. An accepted request that fails later in its
-    stream (an error event) still tells what the server accepts."""
+    stream (an error event) still tells what the server accepts.
+
+    Whether usage comes on every chunk or only at the end is told by a stream with two chunks
+    or more: a stream whose only chunk is its last one (two tokens of a byte-level model that
+    are both parts of one character stream no text, and ``transformers serve`` puts its usage
+    on that last chunk) is asked again with more tokens."""
     dialect = Dialect(api=api)
     prompt = await factory.prompt(64, -1)
+    tokens = 2
     while True:
         rec = await stream_request(
-            conn, dialect.path, prompt.encode(request_fields(model, 2, dialect))
+            conn, dialect.path, prompt.encode(request_fields(model, tokens, dialect))
         )
         if not rec.error:
-            account_tokens(rec, 2)
+            account_tokens(rec, tokens)
+            if rec.usage_per_chunk and len(rec.token_times) < 2 and tokens < PROBE_MORE_TOKENS:
+                tokens = PROBE_MORE_TOKENS  # one chunk cannot tell
+                continue
             if not rec.usage_per_chunk:
                 dialect.notes.append(
                     "tokens: the server sends usage only at the end of a stream: each request's "
