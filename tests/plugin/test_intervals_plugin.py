@@ -60,7 +60,7 @@ def test_precision_ends_a_steady_window_early_and_says_what_it_reached(pytester)
         assert c["window_end"] == "precision", cid
         # the window's end is decided on the events received so far; the figure's interval
         # is computed on the tokens afterwards: the two agree closely, not exactly
-        assert c["measured_s"] < 10 and c["precision"] <= 0.022, cid
+        assert c["measured_s"] < 15 and c["precision"] <= 0.022, cid
         low, high = c["total_tok_s_ci"]
         assert (high - low) / 2 <= 0.022 * c["total_tok_s"]
     result.stdout.fnmatch_lines(

@@ -173,3 +173,70 @@ def test_clearly_alternating_batches_get_the_long_run_variance():
     while (d := noise - noise.mean())[1:] @ d[:-1] < 0:  # lag-1 correlation not negative
         noise = rng.normal(100, 3, 32)
     assert long_run_sd(noise) == (pytest.approx(noise.std(ddof=1)), "")
+
+
+def trending_window(rng, seconds, change, rate=2000.0):
+    """Poisson arrivals whose rate falls linearly by ``change`` (a fraction) every 30 s: the
+    contexts of lockstep streams growing as their outputs lengthen."""
+    times, _ = poisson_window(rng, rate * 1.2, seconds)
+    keep = rng.uniform(size=len(times)) < (1 - change * times / 30) / 1.2  # thinning
+    return times[keep], np.ones(int(keep.sum()))
+
+
+def full_window_mean(change, rate=2000.0, full=30.0):
+    return rate * (1 - change * full / 2 / 30)
+
+
+def test_a_trend_every_run_has_is_not_noise_in_the_full_window_interval():
+    # the figure of a 30 s window with a deterministic 3 % fall: runs differ by noise only
+    rng = np.random.default_rng(19)
+    hits, widths = 0, []
+    for _ in range(400):
+        bm = batch_means(*trending_window(rng, 30.0, 0.03), 0, 30.0)
+        hits += bm.interval.low <= full_window_mean(0.03) <= bm.interval.high
+        widths.append(bm.interval.high - bm.interval.low)
+    assert 0.93 <= hits / 400 <= 0.98
+    # the half-width of white noise at 2,000 tok/s over 30 s: t · √(λ/T) (√(2000/30) = 8.2)
+    assert np.median(widths) / 2 == pytest.approx(1.98 * math.sqrt(1970 / 30), rel=0.15)
+
+
+def test_an_early_end_reports_the_interval_of_the_full_window():
+    # 8 s of a window planned for 30 s, the rate falling 3 % per 30 s: the first 8 s are
+    # ~1.1 % faster than the full window; the projected interval holds the full window's mean
+    rng = np.random.default_rng(23)
+    truth = full_window_mean(0.03)
+    hits, shifts = 0, []
+    for _ in range(400):
+        times, counts = trending_window(rng, 8.0, 0.03)
+        bm = batch_means(times, counts, 0, 8.0, full=30.0)
+        measured = counts.sum() / 8.0
+        hits += bm.interval.low <= truth <= bm.interval.high
+        centre = (bm.interval.low + bm.interval.high) / 2
+        shifts.append(centre - measured)
+        assert "projected to 30 s" in bm.interval.method
+    assert 0.93 <= hits / 400 <= 0.98
+    # moved by the slope (−2 tok/s per s) over (30 − 8) / 2 s: −22 tok/s on average (one
+    # run's slope is uncertain: ±6.8 tok/s per s, so ±3.7 tok/s over 400 runs)
+    assert -32 < np.mean(shifts) < -12
+    # without the projection, the interval of the first 8 s misses the full window's figure
+    # often: it estimates another quantity
+    missed = sum(
+        not (lo <= truth <= hi)
+        for lo, hi in (
+            (bm.interval.low, bm.interval.high)
+            for bm in (batch_means(*trending_window(rng, 8.0, 0.03), 0, 8.0) for _ in range(200))
+        )
+    )
+    assert missed / 200 > 0.15
+
+
+def test_the_projection_costs_width_only_where_the_window_ends_early():
+    rng = np.random.default_rng(29)
+    times, counts = poisson_window(rng, 2000, 10.0)
+    plain = batch_means(times, counts, 0, 10.0)
+    same = batch_means(times, counts, 0, 10.0, full=10.0)
+    early = batch_means(times, counts, 0, 10.0, full=30.0)
+    assert (same.interval.low, same.interval.high) == (plain.interval.low, plain.interval.high)
+    # the slope's uncertainty over (30 − 10) / 2 s: √(1 + 12·10²/10²·k/(k²−1)·…) ≈ 3.6× wider
+    ratio = (early.interval.high - early.interval.low) / (plain.interval.high - plain.interval.low)
+    assert 3.0 < ratio < 4.2

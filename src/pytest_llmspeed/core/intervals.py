@@ -173,11 +173,14 @@ def batch_means(
     w0: float,
     w1: float,
     starts: np.ndarray | None = None,
+    full: float | None = None,
 ) -> BatchMeans | None:
-    """The 95 % interval of total tok/s over [w0, w1), centred on the tokens that arrived in
-    it over its length: the window cut into k batches (each chunk's tokens spread since its
-    stream's previous chunk, given ``starts``), merged in pairs while the von Neumann test
-    finds their means correlated (not below 8). None for a window too short for 8 batches of
+    """The 95 % interval of total tok/s over [w0, w1), around the tokens that arrived in it over
+    its length: the window cut into k batches (each chunk's tokens spread since its stream's
+    previous chunk, given ``starts``), merged in pairs while the von Neumann test finds their
+    detrended means correlated (not below 8); the interval by :func:`window_interval`. Given
+    ``full`` (the window's planned length, when it ended early), the interval is that of the
+    figure the full window would have measured. None for a window too short for 8 batches of
     ``MIN_BATCH_S``."""
     measured = w1 - w0
     if measured < MIN_BATCHES * MIN_BATCH_S:
@@ -185,17 +188,15 @@ def batch_means(
     k = start_batches(measured)
     tokens = batch_counts(times, counts, w0, w1, k, starts)
     fine = tuple(float(r) for r in tokens / (measured / k))
-    correlated = von_neumann_correlated(tokens)
+    correlated = von_neumann_correlated(detrended(tokens))
     while correlated and k > MIN_BATCHES:
         tokens = tokens.reshape(-1, 2).sum(axis=1)
         k //= 2
-        correlated = von_neumann_correlated(tokens)
+        correlated = von_neumann_correlated(detrended(tokens))
     rates = tokens / (measured / k)
     mean = float(counts[(times >= w0) & (times < w1)].sum()) / measured
-    sd, how = long_run_sd(rates)
-    half = t_quantile(0.5 + LEVEL / 2, k - 1) * sd / math.sqrt(k)
     return BatchMeans(
-        Interval(mean - half, mean + half, f"batch means (k={k}{how})"),
+        window_interval(rates, mean, measured, full),
         k,
         correlated,
         tuple(float(r) for r in rates),
@@ -203,11 +204,54 @@ def batch_means(
     )
 
 
+def detrended(values: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Residuals of a least-squares line through equally spaced values."""
+    y = np.asarray(values, dtype=np.float64)
+    x = np.arange(len(y), dtype=np.float64) - (len(y) - 1) / 2
+    sxx = float(x @ x)
+    slope = float(x @ (y - y.mean())) / sxx if sxx > 0 else 0.0
+    out: np.ndarray = y - y.mean() - slope * x
+    return out
+
+
+def window_interval(
+    batches: Sequence[float] | np.ndarray,
+    value: float,
+    measured: float,
+    full: float | None = None,
+) -> Interval:
+    """The 95 % interval of a window's ``value`` from its k equal batches' figures.
+
+    The batches are fitted with a line over time; the residuals give the standard error of
+    the window's mean (:func:`long_run_sd` with k − 2 degrees of freedom): a trend that every
+    run of the window would have (contexts that grow as outputs lengthen) is not noise, and
+    would widen the interval for nothing (the drift test reports it). Given ``full`` longer
+    than ``measured`` (a window that ended early), the interval is that of the full window's
+    figure: the line's value over [0, full] rather than [0, measured], i.e. ``value`` moved by
+    slope × (full − measured) / 2, with the slope's standard error in the half-width — so an
+    early end cannot report a figure its trend would have moved."""
+    y = np.asarray(batches, dtype=np.float64)
+    width = measured / len(y)
+    x = (np.arange(len(y), dtype=np.float64) - (len(y) - 1) / 2) * width  # s from the centre
+    keep = ~np.isnan(y)  # a batch without a figure (per-request tok/s) is left out
+    x, y = x[keep] - x[keep].mean(), y[keep]
+    k = len(y)
+    sxx = float(x @ x)
+    slope = float(x @ (y - y.mean())) / sxx
+    sd, how = long_run_sd(y - y.mean() - slope * x, ddof=2)
+    reach = max(full - measured, 0.0) / 2 if full is not None else 0.0
+    se = sd * math.sqrt(1 / k + reach * reach / sxx)
+    centre = value + slope * reach
+    half = t_quantile(0.5 + LEVEL / 2, k - 2) * se
+    how += f", projected to {full:g} s" if reach > 0 and full is not None else ""
+    return Interval(centre - half, centre + half, f"batch means (k={k}{how})")
+
+
 #: the long-run variance may fall below the batches' own variance by this factor at most
 LRV_FLOOR = 1 / 16
 
 
-def long_run_sd(rates: np.ndarray) -> tuple[float, str]:
+def long_run_sd(rates: np.ndarray, ddof: int = 1) -> tuple[float, str]:
     """The standard deviation that makes sd / √k the standard error of the batches' mean.
 
     Batches that passed the von Neumann test are not positively correlated, but they may be
@@ -219,7 +263,7 @@ def long_run_sd(rates: np.ndarray) -> tuple[float, str]:
     takes its place, floored at 1/16 of the plain variance (a 4× narrower interval at most)."""
     k = len(rates)
     dev = rates - rates.mean()
-    var = float(dev @ dev) / (k - 1)
+    var = float(dev @ dev) / (k - ddof)
     if var == 0 or k < 8:
         return math.sqrt(var), ""
     gamma = [float(dev[lag:] @ dev[: k - lag]) / k for lag in range(0, k)]
@@ -227,7 +271,7 @@ def long_run_sd(rates: np.ndarray) -> tuple[float, str]:
         return math.sqrt(var), ""
     lags = math.ceil(k ** (1 / 3))
     lrv = gamma[0] + 2 * sum((1 - lag / (lags + 1)) * gamma[lag] for lag in range(1, lags + 1))
-    lrv *= k / (k - 1)
+    lrv *= k / (k - ddof)
     return math.sqrt(max(lrv, LRV_FLOOR * var)), ", Newey-West"
 
 
@@ -237,10 +281,13 @@ def per_request_interval(
     w1: float,
     k: int,
     value: float,
+    full: float | None = None,
 ) -> Interval | None:
     """The interval of per-request tok/s: the METRICS.md definition applied to each of the
-    ``k`` batches (the token-weighted mean of each request's rate inside the batch); their
-    standard error by batch means, centred on the whole window's ``value``."""
+    ``k`` batches (the token-weighted mean of each request's rate inside the batch); those
+    figures' interval by :func:`window_interval` (detrended; projected to ``full``), around
+    the whole window's ``value`` (a batch without a figure is left out). None when fewer than
+    half the batches have one."""
     edges = np.linspace(w0, w1, k + 1)
     figures = []
     for j in range(k):
@@ -255,13 +302,11 @@ def per_request_interval(
             if n_i >= 2 and t_in[-1] > t_in[0]:
                 num += n_i * (n_i - 1) / (t_in[-1] - t_in[0])
                 den += n_i
-        if den:
-            figures.append(num / den)
-    if len(figures) < MIN_BATCHES // 2:
-        return None
+        figures.append(num / den if den else math.nan)
     f = np.asarray(figures)
-    half = t_quantile(0.5 + LEVEL / 2, len(f) - 1) * float(f.std(ddof=1)) / math.sqrt(len(f))
-    return Interval(value - half, value + half, f"batch means (k={len(f)})")
+    if int((~np.isnan(f)).sum()) < MIN_BATCHES // 2:
+        return None
+    return window_interval(f, value, w1 - w0, full)
 
 
 # -- medians -------------------------------------------------------------------------------

@@ -282,7 +282,9 @@ async def run_decode(
     streams all have their first token; every open stream cancelled at the window's end.
 
     With ``precision`` (a fraction), the window ends early once it is ``min_duration`` long,
-    the 95 % interval of total tok/s is at most that fraction of it, and no drift is seen.
+    the 95 % interval of the full window's total tok/s is within that fraction of the figure
+    so far, and no drift is seen (:meth:`_LiveEvents.precise_enough`); the cell's throughput
+    intervals are then those of the full window's figures.
     ``on_tick`` is called about once a second while the window is open (:class:`DecodeTick`)."""
     n = concurrency
     records: list[StreamRecord] = []
@@ -418,6 +420,7 @@ async def run_decode(
         span_close,
         samples,
         aborted,
+        full=duration if ended_precise else None,
     )
     return dataclasses.replace(
         result,
@@ -476,25 +479,22 @@ class _LiveEvents:
 
     def precise_enough(self, w0: float, now: float, goal: float, full: float) -> bool:
         """May a window that opened at ``w0`` and would last ``full`` seconds end ``now``?
-        Yes when total throughput over [w0, now) is known to ``goal`` (the interval's
-        half-width, as a fraction), no drift is flagged, and the trend it has would move the
-        full window's figure by less than half the goal (a window that ends early must not
-        hide a server that slows down as its requests' contexts grow)."""
+        Yes when the 95 % interval of the figure the full window would measure lies within
+        ``goal`` (a fraction) of total throughput over [w0, now), and no drift is flagged.
+        That interval is the window's so far moved by its trend extrapolated to ``full``,
+        with the trend's uncertainty (:func:`~.intervals.window_interval`): a window that ends
+        early must not hide a server that slows as its requests' contexts grow."""
         times = np.fromiter((t for t, _, _ in self.tokens), dtype=np.float64)
         counts = np.fromiter((c for _, c, _ in self.tokens), dtype=np.float64)
         starts = np.fromiter((s for _, _, s in self.tokens), dtype=np.float64)
-        bm = batch_means(times, counts, w0, now, starts)
+        bm = batch_means(times, counts, w0, now, starts, full=full)
         if bm is None:
             return False
         value = float(counts[(times >= w0) & (times < now)].sum()) / (now - w0)
         if value <= 0 or bm.interval.half_width_rel(value) > goal:
             return False
         drift = trend(bm.fine_rates)
-        if drift is None:
-            return True
-        elapsed = now - w0
-        bias = drift.change / elapsed * max(full - elapsed, 0.0) / 2
-        return not drift.flagged and abs(bias) <= goal / 2
+        return drift is None or not drift.flagged
 
 
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
@@ -597,6 +597,7 @@ def _decode_result(
     span_close: tuple[float, float, MetricsSnapshot | None] | None,
     samples: list[MetricsSnapshot],
     aborted: str | None,
+    full: float | None = None,
 ) -> DecodeResult:
     traces: list[RequestTrace] = []
     errors: Counter[str] = Counter()
@@ -630,7 +631,7 @@ def _decode_result(
                 error=rec.error,
             )
         )
-    stats = decode_stats(traces, w0, w1, n)
+    stats = decode_stats(traces, w0, w1, n, full)
     gen_delta = None
     span_min: int | None = None
     span_max: int | None = None

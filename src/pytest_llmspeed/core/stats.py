@@ -101,10 +101,16 @@ def window_tokens(traces: Sequence[RequestTrace]) -> tuple[np.ndarray, np.ndarra
 
 
 def decode_stats(
-    traces: Sequence[RequestTrace], w0: float, w1: float, concurrency: int | None = None
+    traces: Sequence[RequestTrace],
+    w0: float,
+    w1: float,
+    concurrency: int | None = None,
+    full: float | None = None,
 ) -> DecodeStats:
     """Apply the sustained-decode definitions to the requests of a window [w0, w1), with the
-    figures' intervals, the drift test and (given the concurrency) the Little's-law check."""
+    figures' intervals, the drift test and (given the concurrency) the Little's-law check.
+    ``full``: the window's planned length when it ended early (``--llm-precision``): the
+    throughput intervals are then those of the figures the full window would have measured."""
     measured = max(w1 - w0, 0.0)
     out_tokens = 0
     rates: list[float] = []
@@ -147,14 +153,14 @@ def decode_stats(
     cv = None
     n_full = int(measured + 1e-9)  # whole seconds: a last partial second is not a sample
     if n_full >= 3:
-        full = per_second[:n_full]
-        mean = float(full.mean())
-        cv = float(full.std(ddof=1) / mean) if mean > 0 else None
+        whole = per_second[:n_full]
+        mean = float(whole.mean())
+        cv = float(whole.std(ddof=1) / mean) if mean > 0 else None
     total_tok_s = out_tokens / measured if measured > 0 else 0.0
     bm = None
     if measured > 0:
         times, counts, starts = window_tokens(traces)
-        bm = batch_means(times, counts, w0, w1, starts)
+        bm = batch_means(times, counts, w0, w1, starts, full)
     per_request_ci = None
     if bm is not None and per_request is not None:
         arrays = [
@@ -162,7 +168,7 @@ def decode_stats(
             for tr in traces
             if len(tr.token_times)
         ]
-        per_request_ci = per_request_interval(arrays, w0, w1, bm.batches, per_request)
+        per_request_ci = per_request_interval(arrays, w0, w1, bm.batches, per_request, full)
     little = None
     if concurrency:
         spans = [(tr.t_send, tr.t_end) for tr in traces]
