@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -168,6 +169,13 @@ def main(argv: list[str] | None = None) -> int:
         help="part 1 only, written to benchmarks/results/intervals_wall_<precision>.md",
     )
     ap.add_argument("--vllm", action="store_true", help="against real vLLM (parts 1 and 2)")
+    ap.add_argument(
+        "--pin-client",
+        type=int,
+        default=None,
+        metavar="CPU",
+        help="with --vllm: once the server runs, keep this process (the client) on this CPU",
+    )
     args = ap.parse_args(argv)
     if args.vllm:
         given = set(argv if argv is not None else sys.argv[1:])
@@ -205,6 +213,11 @@ def main(argv: list[str] | None = None) -> int:
         server = stack.enter_context(running_vllm(logs)).server
         print(f"[intervals] vLLM at {server.url}, its log in {logs}", flush=True)
         vllm_url.append(server.url)
+        if args.pin_client is not None:
+            # vLLM binds its worker's threads to the CPUs it does not reserve (core 0 of two
+            # here, its log says); the client kept off them does not preempt the engine's steps
+            os.sched_setaffinity(0, {args.pin_client})
+            print(f"[intervals] client pinned to CPU {args.pin_client}", flush=True)
         args.profile = f"real vLLM (CPU build, {server.model}) at {server.url}"
 
     lines = [
