@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from pytest_llmspeed.core.intervals import (
+    batch_counts,
     batch_means,
     little_residual,
     long_run_sd,
@@ -240,3 +241,24 @@ def test_the_projection_costs_width_only_where_the_window_ends_early():
     # the slope's uncertainty over (30 − 10) / 2 s: √(1 + 12·10²/10²·k/(k²−1)·…) ≈ 3.6× wider
     ratio = (early.interval.high - early.interval.low) / (plain.interval.high - plain.interval.low)
     assert 3.0 < ratio < 4.2
+
+
+def test_batch_counts_spread_every_chunk_over_its_time_whatever_its_span():
+    # the reference: each chunk's tokens shared out by the edges it spans, through one array;
+    # batch_counts takes a shortcut for chunks inside one batch and must give the same
+    rng = np.random.default_rng(31)
+    n = 5000
+    times = np.sort(rng.uniform(-1.0, 12.0, n))  # some before the window, some after
+    starts = times - rng.exponential(rng.choice([0.001, 0.2, 2.0], n))
+    first = rng.uniform(size=n) < 0.05
+    starts[first] = times[first]  # a stream's first chunk: no time before it
+    counts = rng.integers(1, 4, n).astype(float)
+    w0, w1, k = 0.0, 10.0, 32
+    edges = np.linspace(w0, w1, k + 1)
+    keep = (times >= w0) & (starts < w1)
+    span = np.maximum(times[keep] - starts[keep], 1e-12)
+    share = np.clip((edges[None, :] - starts[keep, None]) / span[:, None], 0.0, 1.0)
+    reference = np.diff(share.T @ counts[keep])
+    got = batch_counts(times, counts, w0, w1, k, starts)
+    assert got == pytest.approx(reference, abs=1e-9)
+    assert got.sum() == pytest.approx(reference.sum())

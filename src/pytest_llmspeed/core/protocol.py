@@ -455,8 +455,18 @@ class _LiveEvents:
 
     def __init__(self) -> None:
         self.cursor: list[int] = []
-        #: (arrival, tokens, when the stream's previous tokens arrived: itself for its first)
-        self.tokens: list[tuple[float, int, float]] = []
+        # each read with tokens: its arrival, its tokens, and when the stream's previous tokens
+        # arrived (its own arrival for a stream's first); plain lists, so that the arrays of
+        # the early-end test are made in C (np.asarray), not by a Python loop per event
+        self.times: list[float] = []
+        self.counts: list[int] = []
+        self.starts: list[float] = []
+        # the first entries, as arrays
+        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] = (
+            np.empty(0),
+            np.empty(0),
+            np.empty(0),
+        )
         self.counted: list[int] = []  # tokens of each record put in ``tokens`` so far
         self.last: list[float | None] = []  # each record's latest arrival with tokens
 
@@ -473,9 +483,26 @@ class _LiveEvents:
                 if rise:
                     self.counted[i] += rise
                     previous = self.last[i]
-                    self.tokens.append((t, rise, t if previous is None else previous))
+                    self.times.append(t)
+                    self.counts.append(rise)
+                    self.starts.append(t if previous is None else previous)
                     self.last[i] = t
             self.cursor[i] = len(reads)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Arrival, tokens and previous arrival of every read so far, as arrays; only the
+        reads since the last call are converted (the early end asks every half second, and
+        the event loop must not stall while streams are read: 300,000 reads cost 23 ms to
+        convert whole, about 2 ms when kept; `benchmarks/early_end_cost.py`)."""
+        done = len(self._arrays[0])
+        if len(self.times) > done:
+            t, c, s = self._arrays
+            self._arrays = (
+                np.concatenate((t, np.asarray(self.times[done:], dtype=np.float64))),
+                np.concatenate((c, np.asarray(self.counts[done:], dtype=np.float64))),
+                np.concatenate((s, np.asarray(self.starts[done:], dtype=np.float64))),
+            )
+        return self._arrays
 
     def precise_enough(self, w0: float, now: float, goal: float, full: float) -> bool:
         """May a window that opened at ``w0`` and would last ``full`` seconds end ``now``?
@@ -484,9 +511,7 @@ class _LiveEvents:
         That interval is the window's so far moved by its trend extrapolated to ``full``,
         with the trend's uncertainty (:func:`~.intervals.window_interval`): a window that ends
         early must not hide a server that slows as its requests' contexts grow."""
-        times = np.fromiter((t for t, _, _ in self.tokens), dtype=np.float64)
-        counts = np.fromiter((c for _, c, _ in self.tokens), dtype=np.float64)
-        starts = np.fromiter((s for _, _, s in self.tokens), dtype=np.float64)
+        times, counts, starts = self.arrays()
         bm = batch_means(times, counts, w0, now, starts, full=full)
         if bm is None:
             return False
@@ -528,16 +553,16 @@ class _Ticks:
         self.live, self.records, self.w0, self.duration = live, records, w0, duration
         self.on_tick = on_tick
         self.last = w0
-        self.seen = 0  # entries of live.tokens already summed
+        self.seen = 0  # reads of live already summed
         self.tokens = 0
 
     def maybe(self, now: float) -> None:
         if now - self.last < self.EVERY_S:
             return
         self.live.update(self.records)
-        new = self.live.tokens[self.seen :]
-        self.seen += len(new)
-        fresh = sum(c for t, c, _ in new if t >= self.w0)
+        times, counts = self.live.times[self.seen :], self.live.counts[self.seen :]
+        self.seen += len(times)
+        fresh = sum(c for t, c in zip(times, counts, strict=True) if t >= self.w0)
         self.tokens += fresh
         in_flight = sum(1 for rec in self.records if rec.t_end is None)
         rate = fresh / (now - self.last)
