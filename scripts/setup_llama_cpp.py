@@ -33,7 +33,6 @@ converted copy, so outputs reach their ``max_tokens`` (``model_copy``).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -284,21 +283,9 @@ def setup(lay: Layout, force: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="only say whether it is ready")
-    parser.add_argument("--force", action="store_true", help="redo every step")
-    args = parser.parse_args(argv)
+    errors = (SetupError, OSError, tarfile.TarError)
     lay = Layout(vllm_home())
-    if args.check:
-        ok, why = readiness(lay)
-        say(f"{'READY' if ok else 'NOT READY'}: {why} (home {lay.home})")
-        return 0 if ok else 1
-    try:
-        setup(lay, args.force)
-    except (SetupError, OSError, tarfile.TarError) as exc:
-        print(f"[setup_llama_cpp] FAILED: {exc}", file=sys.stderr, flush=True)
-        return 1
-    return 0
+    return setup_vllm.cli(argv, __doc__ or "", "setup_llama_cpp", lay, readiness, setup, errors)
 
 
 if __name__ == "__main__":

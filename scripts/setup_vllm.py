@@ -32,6 +32,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -250,25 +251,35 @@ def setup(lay: Layout, force: bool) -> None:
     say(f"done in {marker['seconds']} s; ready: {lay.python} serving {lay.model}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def cli(
+    argv: list[str] | None,
+    doc: str,
+    tag: str,
+    lay: Any,
+    readiness: Callable[[Any], tuple[bool, str]],
+    setup: Callable[[Any, bool], None],
+    errors: tuple[type[BaseException], ...] = (SetupError, OSError),
+) -> int:
+    """The command line every set-up script shares: ``--check`` (ready: exit 0, else 1) and
+    ``--force`` (redo every step); a failure is one ``[tag] FAILED: ...`` line, exit 1."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only say whether it is ready")
     parser.add_argument("--force", action="store_true", help="redo every step")
     args = parser.parse_args(argv)
-    lay = Layout(vllm_home())
     if args.check:
         ok, why = readiness(lay)
-        say(f"{'READY' if ok else 'NOT READY'}: {why} (home {lay.home})")
+        print(f"[{tag}] {'READY' if ok else 'NOT READY'}: {why} (home {lay.home})", flush=True)
         return 0 if ok else 1
     try:
         setup(lay, args.force)
-    except SetupError as exc:
-        print(f"[setup_vllm] FAILED: {exc}", file=sys.stderr, flush=True)
-        return 1
-    except OSError as exc:
-        print(f"[setup_vllm] FAILED: {exc}", file=sys.stderr, flush=True)
+    except errors as exc:
+        print(f"[{tag}] FAILED: {exc}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli(argv, __doc__ or "", "setup_vllm", Layout(vllm_home()), readiness, setup)
 
 
 if __name__ == "__main__":
