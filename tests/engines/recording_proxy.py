@@ -30,6 +30,17 @@ class Exchange:
     status: int | None = None
     reads: list[tuple[float, bytes]] = field(default_factory=list)  # forwarded to the client
     client_gone: bool = False  # the client hung up before the answer's end
+    upstream_error: str | None = None  # the server broke the connection or the stream
+
+    @property
+    def server_failed(self) -> str | None:
+        """What the server did wrong on this exchange (HTTP 5xx, a broken connection), or
+        None."""
+        if self.upstream_error:
+            return f"{self.method} {self.path}: {self.upstream_error}"
+        if self.status is not None and self.status >= 500:
+            return f"{self.method} {self.path}: HTTP {self.status}"
+        return None
 
     def request(self) -> dict[str, Any]:
         try:
@@ -73,19 +84,23 @@ def recording_proxy(upstream: str) -> Iterator[tuple[str, list[Exchange]]]:
         exchanges.append(ex)
         headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS}
         url = upstream + request.path_qs
-        async with session.request(request.method, url, data=body, headers=headers) as up:
-            ex.status = up.status
-            response = web.StreamResponse(status=up.status)
-            if "Content-Type" in up.headers:
-                response.headers["Content-Type"] = up.headers["Content-Type"]
-            await response.prepare(request)
-            try:
-                async for data in up.content.iter_any():
-                    await response.write(data)
-                    ex.reads.append((time.perf_counter(), data))
-                await response.write_eof()
-            except ConnectionResetError:  # leaving the block closes the upstream stream too
-                ex.client_gone = True
+        try:
+            async with session.request(request.method, url, data=body, headers=headers) as up:
+                ex.status = up.status
+                response = web.StreamResponse(status=up.status)
+                if "Content-Type" in up.headers:
+                    response.headers["Content-Type"] = up.headers["Content-Type"]
+                await response.prepare(request)
+                try:
+                    async for data in up.content.iter_any():
+                        await response.write(data)
+                        ex.reads.append((time.perf_counter(), data))
+                    await response.write_eof()
+                except ConnectionResetError:  # leaving the block closes the upstream stream too
+                    ex.client_gone = True
+        except aiohttp.ClientError as exc:  # the server's side broke: the client's breaks too
+            ex.upstream_error = f"{type(exc).__name__}: {exc}"
+            raise
         return response
 
     with forwarding_server(forward) as url:
