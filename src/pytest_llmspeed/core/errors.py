@@ -65,10 +65,6 @@ class RequestRejected(LLMSpeedError):
         self.url = url
 
 
-class StreamBroken(LLMSpeedError):
-    """A stream that failed after the server accepted the request."""
-
-
 def redact(text: str, secret: str | None) -> str:
     """Remove a secret from a text (API keys never appear in any output)."""
     if secret:

@@ -42,7 +42,6 @@ from .replicas import ReplicaSet, stream_to
 from .stats import DecodeStats, RequestTrace, decode_stats, prompt_tok_s
 from .tokenize import ServerTokenizer
 
-VENDOR_FIELDS = ("ignore_eos", "min_tokens")
 #: tokens of the dialect's second small request, when its first streamed a single chunk
 PROBE_MORE_TOKENS = 16
 
