@@ -65,6 +65,12 @@ class RequestRejected(LLMSpeedError):
         self.url = url
 
 
+class WrongPromptLength(LLMSpeedError):
+    """The server counted a prompt at another length than it was built to be."""
+
+    setting = "prompt_form"
+
+
 def redact(text: str, secret: str | None) -> str:
     """Remove a secret from a text (API keys never appear in any output)."""
     if secret:

@@ -34,7 +34,7 @@ from .client import (
     stream_request,
     stream_text,
 )
-from .errors import KeyRejected, LLMSpeedError, RequestRejected
+from .errors import KeyRejected, LLMSpeedError, RequestRejected, WrongPromptLength
 from .intervals import batch_means, trend
 from .probe import SNAPSHOT_FAMILIES, MetricsSnapshot, read_metrics, snapshot
 from .prompts import PromptFactory
@@ -211,7 +211,7 @@ async def run_prefill(
     if rec.t_first is None:
         raise LLMSpeedError(f"prefill request at {context} tokens produced no output token")
     if rec.prompt_tokens is not None and rec.prompt_tokens != context:
-        raise LLMSpeedError(
+        raise WrongPromptLength(
             f"the server counted {rec.prompt_tokens} prompt tokens for a prompt built to be "
             f"{context}; prompt lengths would be wrong"
         )
