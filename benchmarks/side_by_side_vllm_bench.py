@@ -87,9 +87,10 @@ from benchmarks.common import (
 )
 from pytest_llmspeed.core.bench import Bench, BenchConfig
 from pytest_llmspeed.core.prompts import SUFFIX_TOKENS as SUFFIX
-from pytest_llmspeed.core.protocol import request_fields, run_decode
+from pytest_llmspeed.core.protocol import run_decode
 from pytest_llmspeed.core.stats import RequestTrace
 from pytest_llmspeed.core.status import cell_status
+from pytest_llmspeed.core.wire import request_fields
 from tests.vllm_server import VllmServer
 
 FIGURES = ("ttft_ms", "tbt_ms", "tok_s")

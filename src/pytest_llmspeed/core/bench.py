@@ -21,7 +21,6 @@ from .prompts import PromptFactory
 from .protocol import (
     DecodeResult,
     DecodeTick,
-    Dialect,
     PrefillResult,
     median_prefill,
     negotiate,
@@ -31,6 +30,7 @@ from .protocol import (
 from .records import decode_record, prefill_record, unmeasured_record
 from .replicas import ReplicaSet, per_replica_tok_s, probe_replicas
 from .status import MAX_ERROR_RATE, cell_status
+from .wire import Dialect
 
 T = TypeVar("T")
 
