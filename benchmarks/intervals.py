@@ -24,7 +24,8 @@ defaults: 1K and 4K × 1 and 4, 512-token outputs) and part 3 is left out: a slo
 be dialled in. Results go to ``benchmarks/results/intervals_vllm.md``.
 
 It drives the measurement core directly (``core.bench.Bench``), as the pytest layer does, and
-writes ``benchmarks/results/intervals.md``.
+writes ``benchmarks/results/intervals.md``. A cell the core calls failed or error (its rule:
+``core.status``, as in the pytest layer) stops the run.
 """
 
 from __future__ import annotations
@@ -44,10 +45,9 @@ from pathlib import Path
 from benchmarks.common import RESULTS, command, machine, table, utc_now, write_page
 from benchmarks.gate_noise import upper_bound
 from pytest_llmspeed.core.bench import Bench, BenchConfig
-from pytest_llmspeed.core.records import decode_record
 from pytest_llmspeed.gate.baseline import CellBaseline
 from pytest_llmspeed.gate.verdict import verdict, wants_another
-from pytest_llmspeed.results import CellRecord, Outcome
+from pytest_llmspeed.results import CellRecord, Outcome, Status
 from pytest_llmspeed.sim import SimOptions, running_simulator_process
 
 METRICS = ("total_tok_s", "per_request_tok_s")
@@ -79,13 +79,22 @@ def measure(url: str, args: argparse.Namespace, window: float, precision: float 
     cells: dict[str, CellRecord] = {}
     try:
         for ctx in args.contexts:
-            bench.prefill(ctx, 16)  # the cold request that warms P(C); its output is not measured
+            # the cold request that warms P(C); its output is not measured
+            valid(bench.prefill_cell(ctx, 16))
             for n in args.concurrency:
-                rec = decode_record(ctx, bench.decode(ctx, n))
+                rec = valid(bench.decode_cell(ctx, n))
                 cells[str(rec.id)] = rec
     finally:
         bench.close()
     return Matrix(cells, time.perf_counter() - t0)
+
+
+def valid(rec: CellRecord) -> CellRecord:
+    """The record of a valid cell; a cell the core calls failed or error stops the run (its
+    figures would say nothing of the intervals)."""
+    if rec.status is not Status.VALID:
+        sys.exit(f"{rec.id}: {rec.status.value}: {rec.reason}")
+    return rec
 
 
 def within(rec: CellRecord, value: float) -> bool:

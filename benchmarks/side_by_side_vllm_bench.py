@@ -87,8 +87,10 @@ from benchmarks.common import (
 )
 from pytest_llmspeed.core.bench import Bench, BenchConfig
 from pytest_llmspeed.core.prompts import SUFFIX_TOKENS as SUFFIX
-from pytest_llmspeed.core.protocol import request_fields, run_decode
+from pytest_llmspeed.core.protocol import run_decode
 from pytest_llmspeed.core.stats import RequestTrace
+from pytest_llmspeed.core.status import cell_status
+from pytest_llmspeed.core.wire import request_fields
 from tests.vllm_server import VllmServer
 
 FIGURES = ("ttft_ms", "tbt_ms", "tok_s")
@@ -209,8 +211,9 @@ def one_round(
     thread.join()
     if "error" in got:
         raise got["error"]
-    if res.aborted:
-        sys.exit(f"plugin decode c={n} aborted: {res.aborted}")
+    status = cell_status(res)  # the pytest layer's rule (watch_metrics off: no counter referee)
+    if not status.valid:
+        sys.exit(f"plugin decode c={n} {status.status.value}: {status.message}")
     vb = got["vb"]
     traces = vllm_traces(vb)
     vw0, vw1 = vllm_window(traces, n)

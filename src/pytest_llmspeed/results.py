@@ -23,7 +23,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from pathlib import Path
@@ -820,9 +820,12 @@ def loads(text: str, source: str = "<string>") -> Results:
     return Results(run, cells)
 
 
+#: the constants Python's json reads that are not JSON (the writer never emits them)
+_CONSTANTS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
 def _no_constant(name: str) -> float:
-    # NaN and Infinity are not JSON; the writer never emits them
-    return math.nan if name == "NaN" else math.inf
+    return _CONSTANTS[name]
 
 
 def load(path: str | os.PathLike[str]) -> Results:
@@ -844,7 +847,3 @@ def order_contexts(cells: Iterable[CellRecord]) -> list[str]:
         if c.context not in out:
             out.append(c.context)
     return out
-
-
-def as_tuple(values: Sequence[Any] | None) -> tuple[Any, ...] | None:
-    return None if values is None else tuple(values)

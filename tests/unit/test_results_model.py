@@ -1,6 +1,7 @@
 """The results model: the cell-id codec, and one clear error for every file it cannot read."""
 
 import json
+import math
 
 import pytest
 
@@ -99,3 +100,16 @@ def test_unknown_keys_are_kept_and_written_back(tmp_path):
     again = results.to_document()
     assert again["cells"] == doc["cells"]
     assert again["run"]["new"] == 1
+
+
+def test_the_constants_json_is_not_are_read_with_their_sign(tmp_path):
+    # the writer never emits them; a file edited by hand or by another tool may
+    path = tmp_path / "r.json"
+    path.write_text(
+        '{"schema": "pytest-llmspeed/results/v1", "run": {}, "cells": [{"id": "prefill[1K]", '
+        '"status": "valid", "low": -Infinity, "high": Infinity, "none": NaN}]}'
+    )
+    extra = load(path).cells[0].extra
+    assert extra["low"] == -math.inf
+    assert extra["high"] == math.inf
+    assert math.isnan(extra["none"])

@@ -12,6 +12,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ..results import CellId, CellRecord
 from .client import Connection
 from .errors import LLMSpeedError
 from .matrix import Limits, resolve_context
@@ -20,14 +21,16 @@ from .prompts import PromptFactory
 from .protocol import (
     DecodeResult,
     DecodeTick,
-    Dialect,
     PrefillResult,
     median_prefill,
     negotiate,
     run_decode,
     run_prefill,
 )
+from .records import decode_record, prefill_record, unmeasured_record
 from .replicas import ReplicaSet, per_replica_tok_s, probe_replicas
+from .status import MAX_ERROR_RATE, cell_status
+from .wire import Dialect
 
 T = TypeVar("T")
 
@@ -61,6 +64,7 @@ class BenchConfig:
     min_duration: float = 5.0  # ... but not before this many seconds
     endpoints: tuple[str, ...] = ()  # the replicas of one model, when several (base_url first)
     metrics_urls: tuple[str, ...] = ()  # where /metrics lives, when not on the endpoints
+    max_error_rate: float = MAX_ERROR_RATE  # failed requests a decode cell allows (a fraction)
 
 
 @dataclass
@@ -207,6 +211,44 @@ class Bench:
             result = dataclasses.replace(result, replica_tok_s=split)
         return result
 
+    def prefill_cell(self, context: int | str, max_tokens: int) -> CellRecord:
+        """The prefill cell at ``context`` (8192 or "max") as the pytest layer records it: its
+        figures, or why it failed (:func:`~.status.cell_status`). Warms the shared prefix."""
+        cid = CellId.prefill(context)
+        tokens = self._tokens(context)
+        try:
+            result = self.prefill(tokens, max_tokens)
+        except LLMSpeedError as exc:
+            return _stopped(cid, exc, tokens)
+        return prefill_record(context, result)
+
+    def decode_cell(
+        self,
+        context: int | str,
+        concurrency: int,
+        on_tick: Callable[[DecodeTick], None] | None = None,
+    ) -> CellRecord:
+        """The decode cell (``context``, ``concurrency``) as the pytest layer records it: its
+        figures and its status (:func:`~.status.cell_status`, with ``config.max_error_rate``).
+        Warm its prefix first (:meth:`prefill_cell`)."""
+        cid = CellId.decode(context, concurrency)
+        tokens = self._tokens(context)
+        try:
+            result = self.decode(tokens, concurrency, on_tick)
+        except LLMSpeedError as exc:
+            return _stopped(cid, exc, tokens)
+        return decode_record(context, result, self.config.max_error_rate)
+
+    def _tokens(self, context: int | str) -> int:
+        tokens = self.resolve(context)
+        if tokens is None or tokens < 1:
+            raise LLMSpeedError(
+                f"the context {context!r} resolves to no prompt length on this server "
+                f"(max_model_len {self.limits.max_model_len})",
+                setting="max_model_len",
+            )
+        return tokens
+
     def healthy(self) -> bool:
         """Does the server still answer?"""
         assert self.conn is not None
@@ -217,3 +259,10 @@ class Bench:
         except LLMSpeedError:
             return False
         return status == 200
+
+
+def _stopped(cid: CellId, exc: LLMSpeedError, tokens: int) -> CellRecord:
+    """The record of a cell an error stopped, with the status :func:`~.status.cell_status`
+    gives it (a refused prompt fails the cell; other errors are errors)."""
+    status = cell_status(exc)
+    return unmeasured_record(cid, status.status, status.message or exc.message, tokens)

@@ -3,7 +3,7 @@
 The hot path reads raw bytes with ``iter_any()`` and stamps each read once with
 ``time.perf_counter()``. JSON is parsed in the hot path only until a stream's first token is
 seen (the decode window needs that in real time); everything else is parsed after the cell by
-:func:`account_tokens`.
+:func:`account_tokens`. What the bytes mean is :mod:`.wire`'s business.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from .errors import KeyRejected, LLMSpeedError, RequestRejected, ServerUnreachable, redact
+from .wire import error_message, first_token_in, parse_stream
 
 #: aiohttp read buffer: large enough for long responses without line-length limits.
 READ_BUFSIZE = 4 * 1024 * 1024
@@ -135,26 +136,6 @@ class Connection:
         return RequestRejected(status, message, self.url(path) if path else None, purpose)
 
 
-def error_message(body: str) -> str:
-    """The human part of an OpenAI/vLLM error body, or the body itself, shortened."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return body.strip()[:300] or "(empty body)"
-    if isinstance(data, dict):
-        err = data.get("error", data)
-        if isinstance(err, dict):
-            msg = err.get("message") or err.get("detail") or err.get("msg")
-            if msg:
-                return str(msg)[:500]
-        if isinstance(err, str):
-            return err[:500]
-        detail = data.get("detail")
-        if detail:
-            return str(detail)[:500]
-    return body.strip()[:300]
-
-
 @dataclass
 class StreamRecord:
     """What one streamed request saw: raw reads with their times, then the parsed accounting."""
@@ -182,67 +163,6 @@ class StreamRecord:
     @property
     def n_tokens(self) -> int:
         return sum(self.token_counts)
-
-
-def _split_events(reads: list[tuple[float, bytes]]) -> list[tuple[float, bytes]]:
-    """SSE ``data:`` payloads with the time of the read that completed them."""
-    events: list[tuple[float, bytes]] = []
-    buf = b""
-    for t, data in reads:
-        buf += data
-        if b"\n" not in data:
-            continue
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            line = line.strip()
-            if line.startswith(b"data:"):
-                events.append((t, line[5:].strip()))
-    tail = buf.strip()
-    if tail.startswith(b"data:") and reads:
-        events.append((reads[-1][0], tail[5:].strip()))
-    return events
-
-
-def _chunk_text_len(choice: dict[str, Any]) -> int:
-    """Characters of output (text, content, reasoning) a choice carries."""
-    n = len(choice.get("text") or "")
-    delta = choice.get("delta")
-    if delta:
-        n += len(delta.get("content") or "")
-        n += len(delta.get("reasoning_content") or "")
-        n += len(delta.get("reasoning") or "")
-        if delta.get("tool_calls"):
-            n += 1
-    return n
-
-
-def _json_object(payload: bytes) -> dict[str, Any]:
-    """An event's JSON object; ``{}`` for ``[DONE]`` and anything else that is not one."""
-    try:
-        obj = json.loads(payload)
-    except ValueError:
-        return {}
-    return obj if isinstance(obj, dict) else {}
-
-
-def stream_text(rec: StreamRecord) -> str:
-    """The output text a stream received (text, content, reasoning), reassembled from its
-    events: for counting its tokens with the server's tokenizer, after the cell."""
-    parts: list[str] = []
-    for obj in map(_json_object, (payload for _, payload in _split_events(rec.reads))):
-        for c in obj.get("choices") or ():
-            parts.append(c.get("text") or "")
-            delta = c.get("delta") or {}
-            parts.append(delta.get("reasoning_content") or delta.get("reasoning") or "")
-            parts.append(delta.get("content") or "")
-    return "".join(parts)
-
-
-def _carries_token(obj: dict[str, Any]) -> bool:
-    usage = obj.get("usage")
-    if usage and (usage.get("completion_tokens") or 0) > 0:
-        return True
-    return any(_chunk_text_len(c) > 0 for c in obj.get("choices") or ())
 
 
 #: how a request's tokens were counted, best first (docs/metrics.md, "Token accounting")
@@ -275,54 +195,21 @@ def account_tokens(rec: StreamRecord, max_tokens: int | None = None) -> StreamRe
       for now, ``count_method = None``; the decode cell replaces it with its finished
       requests' tokens-per-chunk ratio where it can (``chunk-count`` where it cannot).
     """
-    times: list[float] = []
-    counts: list[int] = []
-    prev = 0
-    usage_seen = 0
-    content_chunks = 0
-    fallback: list[float] = []
-    for t, payload in _split_events(rec.reads):
-        if payload == b"[DONE]":
-            rec.finished = True
-            continue
-        try:
-            obj = json.loads(payload)
-        except ValueError:
-            continue
-        if not isinstance(obj, dict):
-            continue
-        if "error" in obj and not obj.get("choices"):
-            err = obj["error"]
-            rec.error = rec.error or (
-                f"error event: {err.get('message', err) if isinstance(err, dict) else err}"
-            )
-            continue
-        choices = obj.get("choices") or ()
-        nonempty = any(_chunk_text_len(c) > 0 for c in choices)
-        for c in choices:
-            if c.get("finish_reason"):
-                rec.finish_reason = c["finish_reason"]
-                rec.finished = True  # transformers serve ends its streams without [DONE]
-        if choices:
-            content_chunks += 1
-            if nonempty:
-                fallback.append(t)
-        usage = obj.get("usage")
-        if usage:
-            rec.prompt_tokens = usage.get("prompt_tokens", rec.prompt_tokens)
-            ct = usage.get("completion_tokens")
-            if ct is not None:
-                if choices:
-                    usage_seen += 1
-                if ct > prev:
-                    times.append(t)
-                    counts.append(ct - prev)
-                    prev = ct
-                rec.completion_tokens = ct
-    if content_chunks and usage_seen >= content_chunks:
+    parsed = parse_stream(rec.reads)
+    if parsed.error is not None:
+        rec.error = rec.error or f"error event: {parsed.error}"
+    if parsed.finish_reason is not None:
+        rec.finish_reason = parsed.finish_reason
+    # transformers serve ends its streams with a finish_reason but without [DONE]
+    rec.finished = rec.finished or parsed.done or parsed.finish_reason is not None
+    if parsed.prompt_tokens is not None:
+        rec.prompt_tokens = parsed.prompt_tokens
+    if parsed.completion_tokens is not None:
+        rec.completion_tokens = parsed.completion_tokens
+    if parsed.chunks and parsed.usage_chunks >= parsed.chunks:
         rec.usage_per_chunk = True
         rec.count_method = USAGE
-        rec.token_times, rec.token_counts = times, counts
+        rec.token_times, rec.token_counts = parsed.usage_times, parsed.usage_counts
     else:
         rec.usage_per_chunk = False
         total: int | None = None
@@ -332,37 +219,14 @@ def account_tokens(rec: StreamRecord, max_tokens: int | None = None) -> StreamRe
             total, rec.count_method = max_tokens, MAX_TOKENS
         else:
             rec.count_method = None
-        rec.token_times = fallback
-        if total is not None and fallback:
-            rec.token_counts = spread(total, len(fallback))
+        rec.token_times = parsed.text_times
+        if total is not None and parsed.text_times:
+            rec.token_counts = spread(total, len(parsed.text_times))
         else:
-            rec.token_counts = [1] * len(fallback)
+            rec.token_counts = [1] * len(parsed.text_times)
     if rec.token_times:
         rec.t_first = rec.token_times[0]
     return rec
-
-
-def _scan_first_token(rec: StreamRecord, pending: bytearray, data: bytes, t: float) -> None:
-    """Hot path before the first token: parse complete events until one carries a token."""
-    pending.extend(data)
-    while True:
-        idx = pending.find(b"\n")
-        if idx < 0:
-            return
-        line = bytes(pending[:idx]).strip()
-        del pending[: idx + 1]
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            continue
-        try:
-            obj = json.loads(payload)
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and _carries_token(obj):
-            rec.t_first = t
-            return
 
 
 async def stream_request(
@@ -402,9 +266,9 @@ async def stream_request(
             async for data in resp.content.iter_any():
                 t = clock()
                 reads.append((t, data))
-                if rec.t_first is None:
-                    _scan_first_token(rec, pending, data, t)
-                    if rec.t_first is not None and on_first_token is not None:
+                if rec.t_first is None and first_token_in(pending, data):
+                    rec.t_first = t
+                    if on_first_token is not None:
                         on_first_token(rec)
     except asyncio.CancelledError:
         rec.cancelled = True

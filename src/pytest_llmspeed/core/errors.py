@@ -65,8 +65,10 @@ class RequestRejected(LLMSpeedError):
         self.url = url
 
 
-class StreamBroken(LLMSpeedError):
-    """A stream that failed after the server accepted the request."""
+class WrongPromptLength(LLMSpeedError):
+    """The server counted a prompt at another length than it was built to be."""
+
+    setting = "prompt_form"
 
 
 def redact(text: str, secret: str | None) -> str:

@@ -9,13 +9,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-import re
 import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -32,44 +30,18 @@ from .client import (
     account_tokens,
     spread,
     stream_request,
-    stream_text,
 )
-from .errors import KeyRejected, LLMSpeedError, RequestRejected
+from .errors import KeyRejected, LLMSpeedError, RequestRejected, WrongPromptLength
 from .intervals import batch_means, trend
 from .probe import SNAPSHOT_FAMILIES, MetricsSnapshot, read_metrics, snapshot
 from .prompts import PromptFactory
 from .replicas import ReplicaSet, stream_to
 from .stats import DecodeStats, RequestTrace, decode_stats, prompt_tok_s
 from .tokenize import ServerTokenizer
+from .wire import Dialect, live_tokens, request_fields, stream_text
 
-VENDOR_FIELDS = ("ignore_eos", "min_tokens")
 #: tokens of the dialect's second small request, when its first streamed a single chunk
 PROBE_MORE_TOKENS = 16
-
-
-@dataclass
-class Dialect:
-    """What the server accepted: negotiated once per run with a tiny request."""
-
-    api: str = "completions"  # or "chat"
-    vendor_fields: bool = True  # ignore_eos / min_tokens accepted
-    stream_options: bool = True  # include_usage / continuous_usage_stats accepted
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def path(self) -> str:
-        return "/v1/completions" if self.api == "completions" else "/v1/chat/completions"
-
-
-def request_fields(model: str, max_tokens: int, dialect: Dialect) -> dict[str, Any]:
-    """Every field of a streamed request except the prompt."""
-    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "stream": True}
-    if dialect.vendor_fields:
-        body["ignore_eos"] = True
-        body["min_tokens"] = max_tokens
-    if dialect.stream_options:
-        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
-    return body
 
 
 async def negotiate(conn: Connection, factory: PromptFactory, model: str, api: str) -> Dialect:
@@ -212,7 +184,7 @@ async def run_prefill(
     if rec.t_first is None:
         raise LLMSpeedError(f"prefill request at {context} tokens produced no output token")
     if rec.prompt_tokens is not None and rec.prompt_tokens != context:
-        raise LLMSpeedError(
+        raise WrongPromptLength(
             f"the server counted {rec.prompt_tokens} prompt tokens for a prompt built to be "
             f"{context}; prompt lengths would be wrong"
         )
@@ -477,8 +449,7 @@ class _LiveEvents:
         for i, rec in enumerate(records):
             reads = rec.reads
             for t, data in reads[self.cursor[i] :]:
-                n = data.count(b"data:") - data.count(b"[DONE]")
-                usage = _completion_tokens(data)
+                n, usage = live_tokens(data)
                 rise = n if usage is None else max(usage - self.counted[i], 0)
                 if rise:
                     self.counted[i] += rise
@@ -521,20 +492,6 @@ class _LiveEvents:
             return False
         drift = trend(bm.fine_rates)
         return drift is None or not drift.flagged
-
-
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
-
-
-def _completion_tokens(data: bytes) -> int | None:
-    """The last ``usage.completion_tokens`` in one raw read, if it has one (a stream's usage
-    only rises, so the last is the newest; a number cut by the read's end is corrected by the
-    next read's)."""
-    at = data.rfind(b'"completion_tokens":')
-    if at < 0:
-        return None
-    found = _COMPLETION_TOKENS.match(data, at)
-    return int(found.group(1)) if found else None
 
 
 class _Ticks:
@@ -717,7 +674,7 @@ async def tokenize_cut(
         if not unknown or not await tokenizer.has_ids():
             return
         for rec in unknown:
-            rec.tokenized = await tokenizer.count_text(stream_text(rec))
+            rec.tokenized = await tokenizer.count_text(stream_text(rec.reads))
     except LLMSpeedError:
         for rec in unknown:
             rec.tokenized = None

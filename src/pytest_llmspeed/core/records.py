@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..results import CellId, CellRecord, Samples, Status
 from .intervals import Interval, median_interval
 from .protocol import DecodeResult, PrefillResult
+from .status import MAX_ERROR_RATE, cell_status
 
 
 def _ci(interval: Interval | None, nd: int) -> tuple[float, float] | None:
@@ -39,12 +40,18 @@ def prefill_record(context: int | str, result: PrefillResult) -> CellRecord:
     )
 
 
-def decode_record(context: int | str, result: DecodeResult) -> CellRecord:
-    """A valid decode cell at ``context``; the caller decides whether it failed."""
+def decode_record(
+    context: int | str, result: DecodeResult, max_error_rate: float = MAX_ERROR_RATE
+) -> CellRecord:
+    """The decode cell at ``context``: its figures, and its status as
+    :func:`~.status.cell_status` decides with ``max_error_rate`` (its reason in the core's
+    words; the pytest layer words it with its options)."""
+    status = cell_status(result, max_error_rate)
     s = result.stats
     return CellRecord(
         id=CellId.decode(context, result.concurrency),
-        status=Status.VALID,
+        status=status.status,
+        reason=status.message,
         context_tokens=result.context,
         total_tok_s=_r(s.total_tok_s, 2),
         per_request_tok_s=_r(s.per_request_tok_s, 2),

@@ -23,6 +23,7 @@ from typing import Any
 
 from .client import Connection
 from .errors import KeyRejected, LLMSpeedError, RequestRejected
+from .wire import answer_prompt_tokens
 
 TOKENIZE = "tokenize"
 EXTRAS = "extras-tokenize"
@@ -192,7 +193,4 @@ class ServerTokenizer:
             path = "/v1/chat/completions"
             body["messages"] = [{"role": "user", "content": content}]
         purpose = "sizing a text prompt by the server's usage.prompt_tokens"
-        answer = await self.conn.post_json(path, body, purpose)
-        usage = answer.get("usage") if isinstance(answer, dict) else None
-        count = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-        return count if isinstance(count, int) else None
+        return answer_prompt_tokens(await self.conn.post_json(path, body, purpose))

@@ -79,9 +79,10 @@ def llm_prefix(request: pytest.FixtureRequest) -> WarmPrefix:
 
     Parametrized with the context (``8K``, ``8192`` or ``max``), indirectly.
     """
-    from ..core.errors import LLMSpeedError, RequestRejected
+    from ..core.errors import LLMSpeedError
     from ..core.matrix import normalize_context
-    from .messages import describe
+    from ..core.status import cell_status
+    from .messages import cell_words
 
     run = _active_run(request)
     param = getattr(request, "param", None)
@@ -94,23 +95,18 @@ def llm_prefix(request: pytest.FixtureRequest) -> WarmPrefix:
         _skip(run, cid, skip.status, skip.reason)
     try:
         tokens, result = run.warm(context)
-    except RequestRejected as exc:
-        # The arithmetic says the cell fits: a refusal is the server's failure, not a skip (an
-        # upgrade that stops serving 128K prompts must fail the gate).
-        failure = (
-            Status.FAILED,
-            run.redact(f"the server refused a prompt that fits (HTTP {exc.status}: {exc.reason})"),
-        )
     except LLMSpeedError as exc:
-        _stop_if_fatal(request, run, exc)
-        failure = (Status.ERROR, run.redact(describe(exc)))
+        status = cell_status(exc)
+        if status.status is Status.ERROR:
+            _stop_if_fatal(request, run, exc)
     else:
         return WarmPrefix(context, tokens, result)
     from ..core.records import unmeasured_record
 
     # failed outside the except block: no chained traceback in the report
-    run.record(unmeasured_record(cid, failure[0], failure[1], run.resolve(context)))
-    pytest.fail(failure[1] if failure[0] is Status.ERROR else f"{cid}: {failure[1]}", pytrace=False)
+    reason = run.redact(cell_words(status))
+    run.record(unmeasured_record(cid, status.status, reason, run.resolve(context)))
+    pytest.fail(reason if status.status is Status.ERROR else f"{cid}: {reason}", pytrace=False)
 
 
 def _stop_if_fatal(request: pytest.FixtureRequest, run: LLMSpeedRun, exc: Exception) -> None:
@@ -180,61 +176,35 @@ class CellRunner:
         return self._finish(record, again)
 
     def _measure(self, cid: CellId, prefix: WarmPrefix) -> CellRecord:
-        """One measurement of a decode cell: a valid record, or a failed / error one with the
-        reason (an error that stops the cell at once fails the test here)."""
+        """One measurement of a decode cell: its record, valid or not as the core decides
+        (:func:`~pytest_llmspeed.core.status.cell_status`); an error that stops the cell at
+        once fails the test here."""
         from ..core.errors import LLMSpeedError
         from ..core.records import decode_record, unmeasured_record
-        from .messages import describe, with_hint
+        from ..core.status import cell_status
+        from .messages import cell_words
 
-        assert cid.concurrency is not None
+        assert cid.concurrency is not None and self.run.bench is not None
+        max_error_rate = self.run.bench.config.max_error_rate
+        outcome: DecodeResult | LLMSpeedError
         try:
-            result = self.run.decode(prefix.tokens, cid.concurrency)
+            outcome = self.run.decode(prefix.tokens, cid.concurrency)
         except LLMSpeedError as exc:
             _stop_if_fatal(self.request, self.run, exc)
-            error: LLMSpeedError | None = exc
-        else:
-            error = None
-        if error is not None:  # failed outside the except block: no chained traceback
-            msg = self.run.redact(describe(error))
-            rec = unmeasured_record(cid, Status.ERROR, msg)
+            outcome = exc
+        status = cell_status(outcome, max_error_rate)
+        reason = None if status.valid else self.run.redact(cell_words(status))
+        if isinstance(outcome, LLMSpeedError):
+            # failed outside the except block: no chained traceback
+            assert reason is not None
+            rec = unmeasured_record(cid, status.status, reason)
             self.run.record(rec)
             self._attach(rec)
-            pytest.fail(msg, pytrace=False)
-        record = decode_record(prefix.param, result)
-        problem = self._problem(result, record)
-        if problem is None:
-            return record
-        status, text = problem
-        summary = "; ".join(f"{n}× {msg}" for msg, n in result.errors.items())
-        if summary and "timeout" in result.error_settings:
-            summary = with_hint(summary, "timeout")
-        return record.with_status(
-            status, self.run.redact(text + (f": {summary}" if summary else ""))
-        )
-
-    def _problem(self, result: DecodeResult, record: CellRecord) -> tuple[Status, str] | None:
-        from .messages import with_hint
-
-        max_rate = self.run.settings.max_error_rate
-        if result.aborted:
-            return Status.ERROR, with_hint(result.aborted, result.aborted_setting)
-        if result.wrong_lengths:
-            return Status.FAILED, (
-                f"the server counted other prompt lengths than {result.context} tokens: "
-                + ", ".join(f"{k:,} ({v}×)" for k, v in sorted(result.wrong_lengths.items()))
-                + "; the figures would be for other prompts (try --llm-prompt-form=ids)"
+            pytest.fail(
+                reason if status.status is Status.ERROR else f"{cid}: {reason}", pytrace=False
             )
-        if result.error_rate > max_rate:
-            return Status.FAILED, (
-                f"{record.errors} of {record.requests} requests failed "
-                f"({result.error_rate:.0%} > --llm-max-error-rate {max_rate:g})"
-            )
-        from ..core.protocol import counter_disagreement
-
-        disagreement = counter_disagreement(result)
-        if disagreement:
-            return Status.FAILED, disagreement
-        return None
+        record = decode_record(prefix.param, outcome, max_error_rate)
+        return record.with_status(status.status, reason)
 
     def _finish(self, record: CellRecord, again: Callable[[], CellRecord]) -> CellRecord:
         """Gate on the baseline (re-measuring a miss), record, attach, report to

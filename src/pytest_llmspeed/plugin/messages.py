@@ -1,9 +1,15 @@
-"""The pytest layer's words for the core's errors: the core says what happened, this adds the
-option that may fix it."""
+"""The pytest layer's words for the core's errors and cells' statuses: the core says what
+happened and names the setting, this adds the option that may fix it."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..core.errors import LLMSpeedError, ServerUnreachable
+from ..results import Status
+
+if TYPE_CHECKING:
+    from ..core.status import CellStatus
 
 #: the option (and what to do with it) for each setting a core error may name
 HINTS = {
@@ -16,6 +22,9 @@ HINTS = {
     "max_model_len": "Give --llm-max-model-len=TOKENS, or drop max from --llm-contexts.",
     "serve_timeout": "(--llm-serve-timeout)",
 }
+
+#: the option of each setting that a core message names in its words ("> max_error_rate 0.05")
+OPTIONS = {"max_error_rate": "--llm-max-error-rate"}
 
 
 def with_hint(message: str, setting: str | None) -> str:
@@ -37,3 +46,19 @@ def describe(exc: LLMSpeedError) -> str:
             text += " (--llm-timeout)"
         return f"{text}. Check --llm-endpoint and that the server is running."
     return with_hint(exc.message, exc.setting)
+
+
+def cell_words(status: CellStatus) -> str:
+    """Why a cell is not valid, for the user: the core's reason with the option of the setting
+    that decided it (or may change it), and the failed requests' summary with theirs."""
+    if status.error is not None and status.status is Status.ERROR:
+        return describe(status.error)  # an error that stopped the cell, told as any other
+    text = status.reason or ""
+    option = OPTIONS.get(status.setting or "")
+    if option and status.setting:
+        text = text.replace(status.setting, option)
+    else:
+        text = with_hint(text, status.setting)
+    if status.errors:
+        text += ": " + with_hint(status.errors, status.errors_setting)
+    return text

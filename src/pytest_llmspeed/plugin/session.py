@@ -130,6 +130,7 @@ class LLMSpeedRun:
                 max_model_len=s.max_model_len,
                 endpoints=endpoints,
                 metrics_urls=s.metrics_urls,
+                max_error_rate=s.max_error_rate,
             )
         )
         try:
