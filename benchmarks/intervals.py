@@ -19,7 +19,7 @@ step's time varies by that fraction):
     python -m benchmarks.intervals --runs 20 --slow-runs 8
     python -m benchmarks.intervals --vllm                # real vLLM (CPU build, tiny model)
 
-With ``--vllm`` parts 1 and 2 run against one real vLLM server (``tests/vllm_server.py``, its
+With ``--vllm`` parts 1 and 2 run against one real vLLM server (``engines.servers``, its
 defaults: 1K and 4K × 1 and 4, 512-token outputs) and part 3 is left out: a slower vLLM cannot
 be dialled in. Results go to ``benchmarks/results/intervals_vllm.md``.
 

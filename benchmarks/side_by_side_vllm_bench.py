@@ -85,11 +85,11 @@ from benchmarks.common import (
     wait_quiet,
     write_page,
 )
+from engines.servers import VllmServer
 from pytest_llmspeed.core.bench import Bench, BenchConfig
 from pytest_llmspeed.core.prompts import SUFFIX_TOKENS as SUFFIX
 from pytest_llmspeed.core.protocol import request_fields, run_decode
 from pytest_llmspeed.core.stats import RequestTrace
-from tests.vllm_server import VllmServer
 
 FIGURES = ("ttft_ms", "tbt_ms", "tok_s")
 #: two requests sent within this many seconds of each other share their first engine steps

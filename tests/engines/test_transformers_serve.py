@@ -23,40 +23,26 @@ from typing import Any
 
 import pytest
 
+import engines.servers
+from engines.home import vllm_home
 from pytest_llmspeed.core import bench
 from pytest_llmspeed.core.protocol import DecodeResult
-from tests.engines import running
+from tests.engines import started
 from tests.engines.recording_proxy import recording_proxy, timed_sse_events
-from tests.vllm_server import free_port, offline_env, vllm_home
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 MAX_OUTPUT = 64
-NOT_SET_UP = "transformers serve is not set up: run `python scripts/setup_transformers_serve.py`"
 
 
 @contextlib.contextmanager
-def _serving(model_dir: str, tmp: Path, home: Home) -> Iterator[tuple[str, str]]:
+def _serving(tmp: Path, home: Home, *, words: bool) -> Iterator[tuple[str, str]]:
     """(base URL, model name) of a running ``transformers serve --continuous-batching`` of one of
     the set-up's model copies."""
-    ts = home.root / "transformers-serve"
-    python = home.root / "venv" / "bin" / "python"
-    if not (ts / "setup.json").is_file() or not (ts / model_dir).is_dir() or not python.exists():
-        pytest.fail(NOT_SET_UP, pytrace=False)
-    model = str(ts / model_dir)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     log_path = tmp / "serve.log"
-    # --cb-num-blocks: 64 blocks of 256 tokens (16K tokens; the matrix needs 2 × 1088). Without
-    # it continuous batching takes 90 % of the free memory for its KV cache (21 GB of 23 here),
-    # and a second server at the same time (another test run's) has the OOM killer end one.
-    cmd = [
-        str(python.parent / "transformers"), "serve", model, "--continuous-batching",
-        "--cb-num-blocks", "64", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
-    env = {**offline_env(home.environ), "PYTHONPATH": str(ts / "site")}
-    with running("transformers serve", cmd, env, f"{url}/health", log_path, 180):
-        yield url, model
+    engine = engines.servers.transformers_serve
+    with started(engine(log_path, words=words, home=home.root, environ=home.environ)) as served:
+        yield served
 
 
 @dataclass(frozen=True)
@@ -76,14 +62,14 @@ def home() -> Home:
 @pytest.fixture
 def transformers_serve(tmp_path: Path, home: Home) -> Iterator[tuple[str, str]]:
     """The tiny model as it is (random weights): lone bytes, several tokens per chunk."""
-    with _serving("model", tmp_path, home) as served:
+    with _serving(tmp_path, home, words=False) as served:
         yield served
 
 
 @pytest.fixture
 def transformers_serve_words(tmp_path: Path, home: Home) -> Iterator[tuple[str, str]]:
     """The tiny model that draws words only: its text tokenizes back to what it generated."""
-    with _serving("model-words", tmp_path, home) as served:
+    with _serving(tmp_path, home, words=True) as served:
         yield served
 
 
