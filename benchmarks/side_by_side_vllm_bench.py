@@ -416,8 +416,8 @@ def ratio_rows(rows: dict[int, list[dict[str, Any]]], other: str, verdict: bool)
     out = []
     for n, rs in rows.items():
         for f in FIGURES:
-            rr = [ratio(r["plugin"][f], r[other][f]) for r in rs if "plugin" in r]
-            rr = [x for x in rr if x is not None]
+            each = [ratio(r["plugin"][f], r[other][f]) for r in rs if "plugin" in r]
+            rr = [x for x in each if x is not None]
             med = float(np.median(rr)) if rr else None
             cells = [str(n), LABELS[f], ", ".join(map(fmt_pct, rr)), fmt_pct(med)]
             if verdict:

@@ -26,7 +26,7 @@ import pytest
 import engines.servers
 from engines.home import vllm_home
 from pytest_llmspeed.core import bench
-from pytest_llmspeed.core.protocol import DecodeResult
+from pytest_llmspeed.core.protocol import DecodeResult, run_decode
 from tests.engines import started
 from tests.engines.recording_proxy import recording_proxy, timed_sse_events
 
@@ -186,7 +186,6 @@ def test_figures_agree_with_an_independent_count_of_the_streamed_text(
     words = {w.strip() for w in json.loads((Path(model).parent / "words.json").read_text())}
     # each decode cell's result, with when it ran (a spy: the cell runs as it would)
     cells: list[tuple[float, float, DecodeResult]] = []
-    run_decode = bench.run_decode
 
     async def spy(*args: Any, **kwargs: Any) -> DecodeResult:
         t0 = time.perf_counter()
@@ -205,15 +204,15 @@ def test_figures_agree_with_an_independent_count_of_the_streamed_text(
     # them inside its window (its records' reads, parsed here)
     streams = []
     for t0, t1, res in cells:
-        mine = [
+        sent = [
             ex
             for ex in exchanges
             if ex.path == "/v1/completions"
             and t0 <= ex.t_start <= t1
             and ex.request().get("max_tokens") == MAX_OUTPUT
         ]
-        assert len(mine) == len(res.records) == by_id[f"decode[1K-c{res.concurrency}]"]["requests"]
-        streams.append([ex.events() for ex in mine])
+        assert len(sent) == len(res.records) == by_id[f"decode[1K-c{res.concurrency}]"]["requests"]
+        streams.append([ex.events() for ex in sent])
     w_texts = [
         _text([e for t, e in timed_sse_events(rec.reads) if res.window[0] <= t < res.window[1]])
         for _, _, res in cells
