@@ -52,6 +52,8 @@ async def measure(url: str, streams: int, duration: float, context: int, max_out
     w0, w1 = result.window
     tokens, tbt_truth = server_truth(json.loads(body)["requests"], w0, w1)
     s = result.stats
+    if s.tbt_ms is None:
+        raise RuntimeError(f"{streams} streams: no request streamed two tokens in the window")
     return {
         "streams": streams,
         "client_total_tok_s": round(s.total_tok_s, 1),

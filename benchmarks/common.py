@@ -5,17 +5,14 @@
   ``/proc``; ``other_cores`` and ``OtherCores`` measure what every other process used;
   ``wait_quiet`` waits until it is little; ``vllm_processes`` lists model servers that would
   compete.
-- **Real vLLM.** ``running_vllm`` starts one server of ``tests/vllm_server.py`` (the tiny
-  offline model of ``scripts/setup_vllm.py``) and stops it; ``set_server_priority`` lowers its
-  CPU priority; ``vllm_python`` and ``vllm_versions`` read the setup.
+- **Real vLLM.** ``running_vllm`` starts one server of ``engines.servers`` (the tiny offline
+  model of ``scripts/setup_vllm.py``, as for the tests) and stops it; ``set_server_priority``
+  lowers its CPU priority; ``vllm_python`` and ``vllm_versions`` read the setup.
 - **`vllm bench serve`.** ``vllm_bench`` runs it once with vLLM's own Python and returns its
   saved result with per-request detail.
 - **Results pages.** ``table`` and ``row`` make Markdown tables, ``fmt``, ``fmt_pct`` and
   ``ratio`` their cells; ``command``, ``utc_now`` and ``machine`` the lines that say how a page
   was made; ``write_page`` writes it.
-
-``tests.vllm_server`` is imported inside the functions that need it: it imports pytest, which
-vLLM's own environment (where ``client_overhead`` runs) does not have.
 """
 
 from __future__ import annotations
@@ -34,10 +31,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from tests.vllm_server import VllmServer
+from engines.home import Layout, offline_env, vllm_home
+from engines.servers import NOT_SET_UP, Servers, StartError, VllmServer
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -165,19 +162,15 @@ def wait_quiet(
 def vllm_python() -> Path:
     """The Python of vLLM's environment (``scripts/setup_vllm.py``); exits when it is not set
     up."""
-    from tests.vllm_server import NOT_SET_UP, installation, vllm_home
-
-    found = installation(vllm_home())
-    if found is None:
+    lay = Layout(vllm_home())
+    if not lay.installed():
         sys.exit(NOT_SET_UP)
-    return found[0]
+    return lay.python
 
 
 def vllm_versions() -> dict[str, str]:
     """Versions of vLLM, torch and friends in vLLM's environment, as the setup recorded them."""
-    from tests.vllm_server import vllm_home
-
-    return dict(json.loads((vllm_home() / "setup.json").read_text())["versions"])
+    return dict(json.loads(Layout(vllm_home()).marker.read_text())["versions"])
 
 
 def group_pids(pgid: int) -> list[int]:
@@ -223,10 +216,8 @@ class RunningVllm:
 def running_vllm(
     log_dir: Path, *, stream_interval: int = 1, nice: int = 0
 ) -> Iterator[RunningVllm]:
-    """One real vLLM server (``tests/vllm_server.py``, its log in ``log_dir``) for the block,
-    its session at autogroup nice ``nice`` (0: unchanged); exits when it cannot start."""
-    from tests.vllm_server import Servers, StartError
-
+    """One real vLLM server (``engines.servers``, its log in ``log_dir``) for the block, its
+    session at autogroup nice ``nice`` (0: unchanged); exits when it cannot start."""
     servers = Servers(log_dir)
     try:
         try:
@@ -294,8 +285,6 @@ def vllm_bench(
     custom dataset, no chat template) instead of vllm's random prompts; ``prefix_len`` and
     ``input_len`` are then unused. ``trust_env``: False runs vllm with its aiohttp session not
     trusting the environment (a diagnostic: see _NO_TRUST_ENV)."""
-    from tests.vllm_server import offline_env
-
     python = vllm_python()
     args = [
         "bench", "serve", "--backend", "vllm", "--base-url", server.url,

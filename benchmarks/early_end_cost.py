@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     for reads in (int(r) for r in args.reads.split(",")):
         now = replay(_LiveEvents(), reads, 128)
         current = intervals.batch_counts
-        intervals.batch_counts = _counts_before  # type: ignore[assignment]
+        intervals.batch_counts = _counts_before  # type: ignore[assignment]  # the old one, put back below
         try:
             before = replay(_Before(), reads, 128)
         finally:

@@ -19,7 +19,7 @@ step's time varies by that fraction):
     python -m benchmarks.intervals --runs 20 --slow-runs 8
     python -m benchmarks.intervals --vllm                # real vLLM (CPU build, tiny model)
 
-With ``--vllm`` parts 1 and 2 run against one real vLLM server (``tests/vllm_server.py``, its
+With ``--vllm`` parts 1 and 2 run against one real vLLM server (``engines.servers``, its
 defaults: 1K and 4K × 1 and 4, 512-token outputs) and part 3 is left out: a slower vLLM cannot
 be dialled in. Results go to ``benchmarks/results/intervals_vllm.md``.
 
@@ -97,9 +97,17 @@ def valid(rec: CellRecord) -> CellRecord:
     return rec
 
 
-def within(rec: CellRecord, value: float) -> bool:
+def within(rec: CellRecord, value: float | None) -> bool:
     lo, hi = rec.total_tok_s_ci or (math.nan, math.nan)
-    return lo <= value <= hi
+    return value is not None and lo <= value <= hi
+
+
+def half_width(rec: CellRecord) -> float:
+    """Half the interval of total tok/s, relative to the figure (nan without either)."""
+    if rec.total_tok_s_ci is None or not rec.total_tok_s:
+        return math.nan
+    lo, hi = rec.total_tok_s_ci
+    return (hi - lo) / 2 / rec.total_tok_s
 
 
 def entry_of(rec: CellRecord, tolerance: float) -> CellBaseline:
@@ -247,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             fixed = measure(url, args, args.fixed, None)
         with sim(args.speed, 2) as url:
             early = measure(url, args, args.fixed, args.precision)
-        rows = []
+        rows: list[list[object]] = []
         for cid, a in fixed.cells.items():
             b = early.cells[cid]
             rows.append(
@@ -304,10 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         total += len(recs)
         pairs += len(recs) - 1
         sd = statistics.stdev(values) / mean if len(values) > 1 else math.nan
-        half = statistics.fmean(
-            (r.total_tok_s_ci[1] - r.total_tok_s_ci[0]) / 2 / float(r.total_tok_s)  # type: ignore[index,arg-type]
-            for r in recs
-        )
+        half = statistics.fmean(half_width(r) for r in recs)
         rows.append(
             [
                 cid,

@@ -1,7 +1,7 @@
 """What one /metrics sample costs the client: vLLM's whole text parsed with prometheus_client
 against only the families a decode cell's snapshot reads (``probe.SNAPSHOT_FAMILIES``).
 
-Starts the real vLLM of ``scripts/setup_vllm.py`` (tiny offline model, ``tests/vllm_server.py``)
+Starts the real vLLM of ``scripts/setup_vllm.py`` (tiny offline model, ``engines.servers``)
 on a free loopback port, sends one request so the counters move, reads /metrics once and times
 both parses.
 

@@ -132,7 +132,7 @@ class VirtualRun:
         window_start: float | None = None
         while True:
             for req, n_new, finish in self.step():
-                req.sink.emit(req, n_new, finish, self.now)  # type: ignore[union-attr]
+                req.sink.emit(req, n_new, finish, self.now)  # type: ignore[union-attr]  # start() sets one
                 if finish is not None:
                     start()
             if window_start is None and all(r.first_token_time is not None for r in first_wave):
@@ -187,7 +187,7 @@ def report(profile: Profile, seed: int) -> tuple[str, float]:
     """Markdown tables and the worst relative error over the fitted figures."""
     prefill, decode = predict(profile, seed)
     worst = 0.0
-    rows = []
+    rows: list[list[object]] = []
     for label, (ref_tps, ref_ttft) in REF_PREFILL.items():
         tps, ttft = prefill[label]
         worst = max(worst, abs(tps / ref_tps - 1), abs(ttft / ref_ttft - 1))

@@ -85,13 +85,13 @@ from benchmarks.common import (
     wait_quiet,
     write_page,
 )
+from engines.servers import VllmServer
 from pytest_llmspeed.core.bench import Bench, BenchConfig
 from pytest_llmspeed.core.prompts import SUFFIX_TOKENS as SUFFIX
 from pytest_llmspeed.core.protocol import run_decode
 from pytest_llmspeed.core.stats import RequestTrace
 from pytest_llmspeed.core.status import cell_status
 from pytest_llmspeed.core.wire import request_fields
-from tests.vllm_server import VllmServer
 
 FIGURES = ("ttft_ms", "tbt_ms", "tok_s")
 #: two requests sent within this many seconds of each other share their first engine steps
@@ -419,8 +419,8 @@ def ratio_rows(rows: dict[int, list[dict[str, Any]]], other: str, verdict: bool)
     out = []
     for n, rs in rows.items():
         for f in FIGURES:
-            rr = [ratio(r["plugin"][f], r[other][f]) for r in rs if "plugin" in r]
-            rr = [x for x in rr if x is not None]
+            each = [ratio(r["plugin"][f], r[other][f]) for r in rs if "plugin" in r]
+            rr = [x for x in each if x is not None]
             med = float(np.median(rr)) if rr else None
             cells = [str(n), LABELS[f], ", ".join(map(fmt_pct, rr)), fmt_pct(med)]
             if verdict:

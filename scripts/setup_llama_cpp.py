@@ -45,8 +45,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import setup_vllm  # this folder: sys.path[0] for a script
-from setup_vllm import SetupError, run, vllm_home
+import setup_vllm  # this folder: sys.path[0] for a script; it puts engines/ on the path
+from setup_vllm import SetupError, run
+
+from engines.home import LlamaCppLayout as Layout
+from engines.home import vllm_home
 
 LLAMA_SPEC = "llama-cpp-python[server]==0.3.36"
 # Every package of the server's environment, as the package index resolved them on 2026-12-01.
@@ -79,7 +82,6 @@ LOCK = (
 # built on); no OpenMP; no mtmd (multimodal), which the server's completions never load.
 CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF"
 MARKER_VERSION = 1
-GGUF_NAME = "tiny.gguf"
 PAD, PAD_RENAMED = "<|endoftext|>", "<|pad|>"
 # Runs with vLLM's Python: argv = vendor folder, then the converter's own arguments.
 CONVERT = """
@@ -98,18 +100,6 @@ sys.argv = [vendor + "/convert_hf_to_gguf.py", *sys.argv[2:]]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 VENDOR_PARTS = ("convert_hf_to_gguf.py", "conversion", "gguf-py", "LICENSE")
-
-
-class Layout(setup_vllm.Layout):
-    """vLLM's layout under ``llama-cpp/`` (venv, python, model, log, marker), and what it
-    reads of vLLM's own."""
-
-    def __init__(self, vllm: Path) -> None:
-        super().__init__(vllm / "llama-cpp")
-        self.vllm_python = vllm / "venv" / "bin" / "python"
-        self.source_model = vllm / "model"
-        self.convert = self.home / "convert"
-        self.gguf = self.model / GGUF_NAME
 
 
 def say(msg: str) -> None:

@@ -32,10 +32,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: the repository's engines/ (stdlib only)
+    sys.path.insert(0, str(ROOT))
+from engines.home import TransformersServeLayout, vllm_home  # noqa: E402
 
 ACCELERATE_SPEC = "accelerate==1.15.0"
 MARKER_VERSION = 2
@@ -79,18 +83,13 @@ print(json.dumps([tok.decode([i]) for i in words]))
 """
 
 
-def home() -> Path:
-    raw = os.environ.get("LLMSPEED_VLLM_HOME") or "~/.cache/pytest-llmspeed/vllm"
-    return Path(raw).expanduser().resolve()
-
-
 def say(msg: str) -> None:
     print(f"[setup_transformers_serve] {msg}", flush=True)
 
 
-def ready(root: Path) -> bool:
+def ready(lay: TransformersServeLayout) -> bool:
     try:
-        marker = json.loads((root / "transformers-serve" / "setup.json").read_text())
+        marker = json.loads(lay.marker.read_text())
     except (OSError, ValueError):
         return False
     return (
@@ -129,37 +128,37 @@ def write_words_model(python: Path, source: Path, target: Path) -> list[str]:
     return words
 
 
-def setup(root: Path) -> None:
-    python = root / "venv" / "bin" / "python"
-    model = root / "model"
+def setup(lay: TransformersServeLayout) -> None:
+    python, model = lay.python, lay.vllm.model
     if not (python.exists() and (model / "config.json").is_file()):
-        raise SystemExit(f"vLLM is not set up under {root}: run scripts/setup_vllm.py first")
-    ts = root / "transformers-serve"
+        raise SystemExit(
+            f"vLLM is not set up under {lay.vllm.home}: run scripts/setup_vllm.py first"
+        )
     cmd = [str(python), "-m", "pip", "install", "--no-deps", "--upgrade", "--target"]
-    cmd += [str(ts / "site"), ACCELERATE_SPEC]
+    cmd += [str(lay.site), ACCELERATE_SPEC]
     say("$ " + " ".join(cmd))
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    write_model(model, ts / "model")
-    words = write_words_model(python, model, ts / "model-words")
+    write_model(model, lay.model)
+    words = write_words_model(python, model, lay.model_words)
     say(f"model-words: {len(words)} words ({''.join(words[:8])} ...)")
     marker = {"marker_version": MARKER_VERSION, "accelerate": ACCELERATE_SPEC}
-    (ts / "setup.json").write_text(json.dumps(marker, indent=2) + "\n")
-    say(f"ready: {ts}")
+    lay.marker.write_text(json.dumps(marker, indent=2) + "\n")
+    say(f"ready: {lay.home}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="say whether it is set up")
     args = parser.parse_args(argv)
-    root = home()
+    lay = TransformersServeLayout(vllm_home())
     if args.check:
-        ok = ready(root)
+        ok = ready(lay)
         say("ready" if ok else "not set up")
         return 0 if ok else 1
-    if ready(root):
+    if ready(lay):
         say("already set up; nothing to do")
         return 0
-    setup(root)
+    setup(lay)
     return 0
 
 

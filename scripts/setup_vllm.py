@@ -19,7 +19,8 @@ Everything goes under ``$LLMSPEED_VLLM_HOME`` (default ``~/.cache/pytest-llmspee
 - ``setup.json``  the marker: what was installed, with which inputs. A second run whose inputs
   are unchanged only reads it.
 
-``tests/vllm_server.py`` reads the same layout.
+The layout is ``engines/home.py``'s (standard library only, imported from this repository);
+``engines/servers.py`` starts vLLM from it for the tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -42,24 +43,13 @@ MARKER_VERSION = 1
 HERE = Path(__file__).resolve().parent
 MODEL_SCRIPT = HERE / "make_tiny_model.py"
 
+if str(HERE.parent) not in sys.path:  # run as a script: the repository's engines/ (stdlib only)
+    sys.path.insert(0, str(HERE.parent))
+from engines.home import Layout, vllm_home  # noqa: E402
+
 
 class SetupError(Exception):
     """A step failed; the message says which and why."""
-
-
-def vllm_home() -> Path:
-    raw = os.environ.get("LLMSPEED_VLLM_HOME") or "~/.cache/pytest-llmspeed/vllm"
-    return Path(raw).expanduser().resolve()
-
-
-class Layout:
-    def __init__(self, home: Path) -> None:
-        self.home = home
-        self.venv = home / "venv"
-        self.python = self.venv / "bin" / "python"
-        self.model = home / "model"
-        self.log = home / "setup.log"
-        self.marker = home / "setup.json"
 
 
 def say(msg: str) -> None:

@@ -33,7 +33,7 @@ def forwarding_server(handler: Handler) -> Iterator[str]:
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # set by start()
         state["url"] = f"http://127.0.0.1:{port}"
         state["stop"] = asyncio.Event()
         state["loop"] = asyncio.get_running_loop()

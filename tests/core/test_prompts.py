@@ -92,7 +92,7 @@ async def test_text_prompts_are_built_before_the_cell_not_at_each_restart(tiny_s
             calls.append(time.perf_counter())
             return await tokenize(path, body)
 
-        tokenizer._post_tokens = counted  # type: ignore[method-assign]
+        tokenizer._post_tokens = counted  # type: ignore[method-assign]  # a spy
         texts: list[str] = []
         make = factory.prompt
 
@@ -101,7 +101,7 @@ async def test_text_prompts_are_built_before_the_cell_not_at_each_restart(tiny_s
             texts.append(prompt.body["prompt"])
             return prompt
 
-        factory.prompt = recorded  # type: ignore[method-assign]
+        factory.prompt = recorded  # type: ignore[method-assign]  # a spy
         result = await run_decode(conn, factory, dialect, "tiny", 512, 2, 16, 1.0)
         first_send = min(r.t_send for r in result.records)
         assert len(result.records) > 2 * 2 + 8  # more requests than the pool holds

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from pytest_llmspeed.core import protocol
-from pytest_llmspeed.core.client import Connection
+from pytest_llmspeed.core.client import Connection, stream_request
 from pytest_llmspeed.core.probe import probe
 from pytest_llmspeed.core.prompts import PromptFactory
 from pytest_llmspeed.core.protocol import negotiate, run_decode, run_prefill
@@ -56,10 +56,12 @@ async def test_decode_cell_agrees_with_the_servers_own_record(reference_sim, con
     assert result.token_accounting == "usage"
     assert token_bounds(matched, w0, w1, exact=True) == (stats.output_tokens,) * 2
     assert stats.total_tok_s == pytest.approx(stats.output_tokens / 4.0, rel=1e-9)
+    assert stats.ttft_ms is not None and stats.tbt_ms is not None
     lo, hi, delay = ttft_bounds(matched, w1)
     assert lo <= stats.ttft_ms <= hi, f"TTFT {stats.ttft_ms:.3f} ms, trips up to {delay:.3f} ms"
     lo, hi, shift = tbt_bounds(matched, exact=True)
     assert lo <= stats.tbt_ms <= hi, f"TBT {stats.tbt_ms:.4f} ms, shifts up to {shift:.4f} ms"
+    assert result.received_span is not None and result.generation_tokens_delta is not None
     span_lo, span_hi = result.received_span
     assert span_lo * 0.98 <= result.generation_tokens_delta <= span_hi * 1.02
 
@@ -71,7 +73,6 @@ async def test_prefill_ttft_and_exact_prompt_length(reference_sim, monkeypatch):
         records.append(await stream_request(*args, **kwargs))
         return records[-1]
 
-    stream_request = protocol.stream_request
     monkeypatch.setattr(protocol, "stream_request", recorded)
     conn = Connection.open(reference_sim, None, 60)
     try:

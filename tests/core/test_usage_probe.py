@@ -62,7 +62,7 @@ async def server() -> AsyncIterator[tuple[str, list[int]]]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # set by start()
     try:
         yield f"http://127.0.0.1:{port}", asked
     finally:

@@ -12,7 +12,6 @@ differences (tests/plugin/test_plugin_servers_differ.py)."""
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,37 +20,22 @@ from typing import Any
 
 import pytest
 
-from tests.engines import running
-from tests.vllm_server import free_port, http_get, offline_env, vllm_home
+import engines.servers
+from engines.servers import LLAMA_CPP_MODEL as MODEL
+from engines.servers import LLAMA_CPP_N_CTX as N_CTX
+from engines.servers import http_get
+from tests.engines import started
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-MODEL = "tiny"
-N_CTX = 2048
 MAX_OUTPUT = 64
-NOT_SET_UP = "llama-cpp-python is not set up: run `python scripts/setup_llama_cpp.py`"
 
 
 @pytest.fixture(scope="module")
 def llama_cpp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The base URL of a running ``python -m llama_cpp.server`` on loopback."""
-    home = vllm_home() / "llama-cpp"
-    python = home / "venv" / "bin" / "python"
-    gguf = home / "model" / "tiny.gguf"
-    if not ((home / "setup.json").is_file() and python.exists() and gguf.is_file()):
-        pytest.fail(NOT_SET_UP, pytrace=False)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     log_path = tmp_path_factory.mktemp("llama-cpp") / "server.log"
-    cmd = [
-        str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", MODEL,
-        "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(N_CTX),
-        # a request arriving while another streams would else end that stream early, with
-        # [DONE] and no finish_reason: queued instead (the server runs one at a time)
-        "--interrupt_requests", "False",
-    ]  # fmt: skip
-    env = offline_env(dict(os.environ))
-    with running("llama_cpp.server", cmd, env, f"{url}/v1/models", log_path, 60):
+    with started(engines.servers.llama_cpp_server(log_path)) as url:
         yield url
 
 

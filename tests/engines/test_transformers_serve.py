@@ -23,40 +23,26 @@ from typing import Any
 
 import pytest
 
+import engines.servers
+from engines.home import vllm_home
 from pytest_llmspeed.core import bench
-from pytest_llmspeed.core.protocol import DecodeResult
-from tests.engines import running
+from pytest_llmspeed.core.protocol import DecodeResult, run_decode
+from tests.engines import started
 from tests.engines.recording_proxy import Exchange, recording_proxy, timed_sse_events
-from tests.vllm_server import free_port, offline_env, vllm_home
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 MAX_OUTPUT = 64
-NOT_SET_UP = "transformers serve is not set up: run `python scripts/setup_transformers_serve.py`"
 
 
 @contextlib.contextmanager
-def _serving(model_dir: str, tmp: Path, home: Home) -> Iterator[tuple[str, str]]:
+def _serving(tmp: Path, home: Home, *, words: bool) -> Iterator[tuple[str, str]]:
     """(base URL, model name) of a running ``transformers serve --continuous-batching`` of one of
     the set-up's model copies."""
-    ts = home.root / "transformers-serve"
-    python = home.root / "venv" / "bin" / "python"
-    if not (ts / "setup.json").is_file() or not (ts / model_dir).is_dir() or not python.exists():
-        pytest.fail(NOT_SET_UP, pytrace=False)
-    model = str(ts / model_dir)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     log_path = tmp / "serve.log"
-    # --cb-num-blocks: 64 blocks of 256 tokens (16K tokens; the matrix needs 2 × 1088). Without
-    # it continuous batching takes 90 % of the free memory for its KV cache (21 GB of 23 here),
-    # and a second server at the same time (another test run's) has the OOM killer end one.
-    cmd = [
-        str(python.parent / "transformers"), "serve", model, "--continuous-batching",
-        "--cb-num-blocks", "64", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
-    env = {**offline_env(home.environ), "PYTHONPATH": str(ts / "site")}
-    with running("transformers serve", cmd, env, f"{url}/health", log_path, 180):
-        yield url, model
+    engine = engines.servers.transformers_serve
+    with started(engine(log_path, words=words, home=home.root, environ=home.environ)) as served:
+        yield served
 
 
 @dataclass(frozen=True)
@@ -78,13 +64,14 @@ ENGINE_STARTS = 2
 
 
 def on_fresh_starts(
-    model_dir: str, tmp: Path, home: Home, measure: Callable[[str, str, list[Exchange]], None]
+    words: bool, tmp: Path, home: Home, measure: Callable[[str, str, list[Exchange]], None]
 ) -> None:
     """``measure(url, model, exchanges)`` against a fresh start of ``transformers serve`` of one
-    model copy, behind a recording proxy (one server at a time: two would double the CPU load of
-    a busy machine). When it fails and the proxy saw the server fail, the test goes on with
-    another fresh start, and fails after ``ENGINE_STARTS`` saying the engine failed; a failure
-    without the server's fault fails at once."""
+    model copy (``words``: the one that draws words only), behind a recording proxy (one server
+    at a time: two would double the CPU load of a busy machine). When it fails and the proxy saw
+    the server fail, the test goes on with another fresh start, and fails after
+    ``ENGINE_STARTS`` saying the engine failed; a failure without the server's fault fails at
+    once."""
     failures = []
     for start in range(1, ENGINE_STARTS + 1):
         here = tmp / f"start{start}"
@@ -92,7 +79,7 @@ def on_fresh_starts(
         exchanges: list[Exchange] = []
         try:
             with (
-                _serving(model_dir, here, home) as (url, model),
+                _serving(here, home, words=words) as (url, model),
                 recording_proxy(url) as (proxy_url, exchanges),
             ):
                 measure(proxy_url, model, exchanges)
@@ -162,7 +149,7 @@ def _matrix(url: str, model: str, duration: float) -> list[str]:
 
 
 def test_small_matrix_on_transformers_serve(pytester, tmp_path, home):
-    on_fresh_starts("model", tmp_path, home, lambda *a: _small_matrix(pytester, *a))
+    on_fresh_starts(False, tmp_path, home, lambda *a: _small_matrix(pytester, *a))
 
 
 def _small_matrix(pytester: pytest.Pytester, url: str, model: str, _: list[Exchange]) -> None:
@@ -233,7 +220,6 @@ def test_figures_agree_with_an_independent_count_of_the_streamed_text(
     its text is the count of its tokens."""
     # each decode cell's result, with when it ran (a spy: the cell runs as it would)
     cells: list[tuple[float, float, DecodeResult]] = []
-    run_decode = bench.run_decode
 
     async def spy(*args: Any, **kwargs: Any) -> DecodeResult:
         t0 = time.perf_counter()
@@ -250,7 +236,7 @@ def test_figures_agree_with_an_independent_count_of_the_streamed_text(
         result.assert_outcomes(passed=3)
         _agree(pytester, home, model, cells, exchanges)
 
-    on_fresh_starts("model-words", tmp_path, home, measure)
+    on_fresh_starts(True, tmp_path, home, measure)
 
 
 def _agree(
@@ -268,15 +254,15 @@ def _agree(
     # them inside its window (its records' reads, parsed here)
     streams = []
     for t0, t1, res in cells:
-        mine = [
+        sent = [
             ex
             for ex in exchanges
             if ex.path == "/v1/completions"
             and t0 <= ex.t_start <= t1
             and ex.request().get("max_tokens") == MAX_OUTPUT
         ]
-        assert len(mine) == len(res.records) == by_id[f"decode[1K-c{res.concurrency}]"]["requests"]
-        streams.append([ex.events() for ex in mine])
+        assert len(sent) == len(res.records) == by_id[f"decode[1K-c{res.concurrency}]"]["requests"]
+        streams.append([ex.events() for ex in sent])
     w_texts = [
         _text([e for t, e in timed_sse_events(rec.reads) if res.window[0] <= t < res.window[1]])
         for _, _, res in cells

@@ -39,6 +39,7 @@ def sim_process():
         stdout=subprocess.PIPE,
         text=True,
     )
+    assert proc.stdout is not None
     line = proc.stdout.readline()
     url = "http://" + line.split("http://", 1)[1].split()[0]
     yield proc, url

@@ -45,7 +45,7 @@ def test_every_decode_cell_has_its_intervals_in_every_output(pytester):
     # the terminal's all-measurements table shows the ± of total tok/s
     result.stdout.fnmatch_lines(["Sustained decode  1K * ±*"])
     props = {
-        case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")}
+        case.get("name"): {p.attrib["name"]: p.attrib["value"] for p in case.iter("property")}
         for case in ET.parse(pytester.path / "out.xml").iter("testcase")
     }
     decode = props["test_decode[1K-c4]"]

@@ -86,6 +86,7 @@ def test_ctrl_c_stops_the_server(tmp_path):
         cwd=tmp_path, stdout=subprocess.PIPE, text=True,
         preexec_fn=sigint_as_at_a_terminal, start_new_session=True,
     )  # fmt: skip
+    assert proc.stdout is not None
     for line in proc.stdout:  # interrupt once the first decode cell is under way
         if "decode[1K-c1] · window" in line:
             break

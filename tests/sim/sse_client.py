@@ -62,11 +62,12 @@ class StreamResult:
         return self.token_increments()[0][0] - self.start
 
     @property
-    def final_usage(self) -> dict[str, int] | None:
+    def final_usage(self) -> dict[str, int]:
+        """The usage of the stream's last usage-only event; a stream without one fails."""
         for e in reversed(self.events):
             if isinstance(e.data, dict) and e.data.get("usage") and not e.data.get("choices"):
                 return e.data["usage"]
-        return None
+        raise AssertionError("the stream sent no usage-only event")
 
 
 async def stream(

@@ -28,7 +28,7 @@ def _start(*args: str) -> tuple[subprocess.Popen[str], str]:
         text=True,
         env=_env(),
     )
-    assert proc.stdout is not None
+    assert proc.stdout is not None and proc.stderr is not None
     line = proc.stdout.readline()
     match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
     assert match, (line, proc.stderr.read() if proc.poll() is not None else "")

@@ -93,7 +93,9 @@ def test_admission_waits_for_kv_then_runs() -> None:
     assert core.num_running == 2 and core.num_waiting == 1
     assert core.kv_usage > 0.9
     clock.run(*reqs)
-    assert reqs[2].first_token_time > min(r.last_token_time for r in reqs[:2]) - 1e-9
+    first, end0, end1 = reqs[2].first_token_time, reqs[0].last_token_time, reqs[1].last_token_time
+    assert first is not None and end0 is not None and end1 is not None
+    assert first > min(end0, end1) - 1e-9
     assert core.num_running == 0 and core.pool.used == 0
 
 

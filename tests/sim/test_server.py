@@ -167,7 +167,7 @@ async def test_streaming_accounting_is_exact(tiny_url: str) -> None:
     async with aiohttp.ClientSession() as s:
         await s.delete(tiny_url + "/sim/trace")
         before = await metrics(s, tiny_url)
-        bodies = [
+        bodies: list[dict[str, Any]] = [
             {"prompt": ids(100 + i, 100 + i), "max_tokens": 200 + 37 * i, "ignore_eos": True}
             for i in range(6)
         ]
@@ -273,6 +273,7 @@ async def test_chat_reasoning_then_content(tiny_url: str) -> None:
             if not seen_content:
                 # tokens up to the previous chunk were all reasoning: at most R = 8 of them
                 prev = res.chunks[res.chunks.index(c) - 1].usage_tokens
+                assert prev is not None and c.usage_tokens is not None
                 assert prev <= 8 < c.usage_tokens
             seen_content = True
     assert seen_content

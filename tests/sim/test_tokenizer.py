@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 from pytest_llmspeed.sim.tokenizer import (
     CHAT_GENERATION_PROMPT_TOKENS,
@@ -45,7 +46,7 @@ def test_byte_tokens_decode_as_utf8() -> None:
 
 def test_chat_template_adds_documented_tokens() -> None:
     tok = Tokenizer()
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": [{"type": "text", "text": "hello there"}]},
     ]

@@ -1,6 +1,7 @@
 """Token accounting over recorded SSE bytes (the parser half of the client)."""
 
 import json
+from typing import Any
 
 from pytest_llmspeed.core.client import StreamRecord, account_tokens, spread
 from pytest_llmspeed.core.protocol import complete_accounting, ended_early
@@ -20,7 +21,7 @@ def chunk(text="", ct=None, pt=10, reasoning=None, finish=None, chat=False):
         choice["delta"] = delta
     else:
         choice["text"] = text
-    obj = {"choices": [choice]}
+    obj: dict[str, Any] = {"choices": [choice]}
     if ct is not None:
         obj["usage"] = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
     return obj
@@ -126,6 +127,7 @@ def test_cut_requests_take_the_cells_tokens_per_chunk():
     acc = complete_accounting(records)
     assert acc.method == "ratio" and acc.ratio == 3.0 and acc.ratio_rel_error == 0.0
     assert [r.n_tokens for r in records[2:]] == [15, 21]
+    assert acc.note is not None
     assert "2 request(s) cut at the window's end estimated at 3.00 tokens per chunk" in acc.note
 
 
@@ -153,7 +155,8 @@ def test_early_stops_without_usage_are_estimated_and_not_called_cut():
 def test_nothing_known_assumes_one_token_per_chunk_and_says_so_loudly():
     records = [cut(5), cut(7)]
     acc = complete_accounting(records)
-    assert acc.method == "chunk-count" and "ONE TOKEN PER CHUNK ASSUMED" in acc.note
+    assert acc.method == "chunk-count" and acc.note is not None
+    assert "ONE TOKEN PER CHUNK ASSUMED" in acc.note
     assert [r.n_tokens for r in records] == [5, 7]
 
 

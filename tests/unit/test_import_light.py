@@ -1,7 +1,11 @@
-"""The core, the gate, the results model and the reports import no pytest."""
+"""The core, the gate, the results model and the reports import no pytest; the project's
+tooling (engines/, benchmarks/, scripts/) imports no pytest and nothing of tests/."""
 
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 
 def test_core_gate_results_report_import_without_pytest():
@@ -28,3 +32,36 @@ def test_public_names():
 
     for name in pytest_llmspeed.__all__:
         assert getattr(pytest_llmspeed, name) is not None, name
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_engines_and_benchmarks_import_neither_pytest_nor_tests():
+    """``benchmarks.common`` also runs in vLLM's own environment, which has no pytest
+    (``benchmarks/client_overhead.py``); the tooling never reaches into ``tests/``."""
+    code = (
+        "import sys\n"
+        "import benchmarks.common, engines.servers, engines.home\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'pytest', '_pytest', 'tests'}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "script", ["setup_vllm.py", "setup_llama_cpp.py", "setup_transformers_serve.py"]
+)
+def test_set_up_scripts_run_on_the_standard_library_alone(script, tmp_path):
+    """With no site-packages (``-S``), no PYTHONPATH (``-E``) and from another folder, as
+    before the project is installed: ``engines/home.py`` is all they import of it."""
+    done = subprocess.run(
+        [sys.executable, "-E", "-S", str(ROOT / "scripts" / script), "--help"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: ")

@@ -1,20 +1,43 @@
 """The interval computations on synthetic series whose answer is known (issue 11)."""
 
+import functools
 import math
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
 import numpy as np
 import pytest
 
+from pytest_llmspeed.core import intervals
 from pytest_llmspeed.core.intervals import (
     batch_counts,
-    batch_means,
     little_residual,
     long_run_sd,
-    median_interval,
     t_quantile,
-    trend,
     von_neumann_correlated,
 )
+
+P = ParamSpec("P")
+T = TypeVar("T")
+Window = tuple[np.ndarray, np.ndarray]  # token arrival times, tokens at each
+
+
+def answered(f: Callable[P, T | None]) -> Callable[P, T]:
+    """``f`` for inputs that have an answer: a None fails the test where it comes."""
+
+    @functools.wraps(f)
+    def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        value = f(*args, **kwargs)
+        assert value is not None, f"{f.__name__} answered None"
+        return value
+
+    return call
+
+
+# the core's, for windows and samples long enough to have an answer
+batch_means = answered(intervals.batch_means)
+median_interval = answered(intervals.median_interval)
+trend = answered(intervals.trend)
 
 # Student's t at 97.5 % from the tables (Abramowitz & Stegun, table 26.10)
 T_TABLE = {3: 3.182, 7: 2.365, 15: 2.131, 31: 2.040, 120: 1.980}
@@ -25,13 +48,13 @@ def test_t_quantile_matches_the_table(df, exact):
     assert t_quantile(0.975, df) == pytest.approx(exact, abs=0.005)
 
 
-def poisson_window(rng, rate, seconds):
+def poisson_window(rng, rate, seconds) -> Window:
     """Token arrivals of a Poisson process: white noise around a known rate."""
     n = rng.poisson(rate * seconds)
     return np.sort(rng.uniform(0, seconds, n)), np.ones(n)
 
 
-def ar1_window(rng, phi, seconds=30.0, dt=0.01, mean=100.0, sd=3.0):
+def ar1_window(rng, phi, seconds=30.0, dt=0.01, mean=100.0, sd=3.0) -> Window:
     """Tokens per 10 ms step following an AR(1) process: autocorrelated noise."""
     n = int(seconds / dt)
     e = np.zeros(n)
@@ -41,7 +64,7 @@ def ar1_window(rng, phi, seconds=30.0, dt=0.01, mean=100.0, sd=3.0):
     return np.arange(n) * dt + dt / 2, mean + sd * e
 
 
-def coverage(make, truth, runs):
+def coverage(make: Callable[[], Window], truth, runs):
     hits = 0
     for _ in range(runs):
         bm = batch_means(*make(), 0, 30.0 if make.__name__ != "poisson" else 10.0)
@@ -88,7 +111,7 @@ def test_von_neumann_tells_correlated_means_from_independent_ones():
 def test_short_windows_get_fewer_batches_and_none_below_eight():
     rng = np.random.default_rng(5)
     assert batch_means(*poisson_window(rng, 1000, 1.6), 0, 1.6).batches == 16
-    assert batch_means(*poisson_window(rng, 1000, 0.5), 0, 0.5) is None
+    assert intervals.batch_means(*poisson_window(rng, 1000, 0.5), 0, 0.5) is None
 
 
 def test_a_trend_is_flagged_and_noise_is_not():
@@ -117,7 +140,7 @@ def test_median_interval_uses_the_binomial_ranks():
     assert median_interval(list(range(1, 11))).as_pair() == (2.0, 9.0)
     # n = 6: the extremes (coverage 96.9 %); fewer values have no 95 % interval
     assert median_interval([5, 1, 4, 2, 6, 3]).as_pair() == (1.0, 6.0)
-    assert median_interval([1, 2, 3, 4, 5]) is None
+    assert intervals.median_interval([1, 2, 3, 4, 5]) is None
 
 
 def test_median_interval_covers_the_true_median():
@@ -131,7 +154,7 @@ def test_median_interval_covers_the_true_median():
 
 def test_little_residual_is_zero_when_n_are_kept_in_flight_and_negative_when_not():
     # 4 slots, each a 1 s request restarted at once, window [0.05, 10.05)
-    kept = [(slot_start, slot_start + 1.0) for s in range(4) for slot_start in np.arange(0, 11)]
+    kept = [(slot_start, slot_start + 1.0) for s in range(4) for slot_start in np.arange(0.0, 11)]
     assert little_residual(kept, 0.05, 10.05, 4) == pytest.approx(0.0, abs=0.02)
     # each restart 0.25 s late: 0.8 of the time in flight
     late = [(t, t + 1.0) for s in range(4) for t in np.arange(0, 12, 1.25)]
@@ -176,7 +199,7 @@ def test_clearly_alternating_batches_get_the_long_run_variance():
     assert long_run_sd(noise) == (pytest.approx(noise.std(ddof=1)), "")
 
 
-def trending_window(rng, seconds, change, rate=2000.0):
+def trending_window(rng, seconds, change, rate=2000.0) -> Window:
     """Poisson arrivals whose rate falls linearly by ``change`` (a fraction) every 30 s: the
     contexts of lockstep streams growing as their outputs lengthen."""
     times, _ = poisson_window(rng, rate * 1.2, seconds)

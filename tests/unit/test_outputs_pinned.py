@@ -81,7 +81,9 @@ def test_junit_properties(results):
 def test_pytest_benchmark_entries(results):
     entries = json.loads((DATA / "benchmark_entries.json").read_text())
     for name, entry in entries.items():
-        phase, param = re.match(r"test_(\w+)\[(.+)\]", name).groups()
+        match = re.match(r"test_(\w+)\[(.+)\]", name)
+        assert match, name
+        phase, param = match.groups()
         cell = results.cell(f"{phase}[{param}]")
         assert entry["extra_info"] == dict(cell.properties())
         assert entry["group"] == f"llmspeed {phase}"
@@ -91,7 +93,9 @@ def test_pytest_benchmark_entries(results):
 
 def test_baseline_file(results):
     expected = (DATA / "rendered" / "baseline.toml").read_text()
-    date = re.search(r'date = "(.*)"', expected).group(1)
+    found = re.search(r'date = "(.*)"', expected)
+    assert found
+    date = found.group(1)
     run = {
         "model": "tiny",
         "api": "completions",

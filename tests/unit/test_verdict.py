@@ -158,6 +158,7 @@ def test_rule_with_intervals(entry, attempts, outcome, noisy, again):
 
 def test_the_mean_of_attempts_combines_their_intervals_in_quadrature():
     (check,) = verdict(STEADY, [ci_cell(97.0, 0.6), ci_cell(97.0, 0.8)]).checks
+    assert check.value_ci is not None
     _, high = check.value_ci
     assert high - 97.0 == pytest.approx((0.6**2 + 0.8**2) ** 0.5 / 2)
 

@@ -7,27 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm_server import (
-    KV_CACHE_MEMORY_BYTES,
-    MAX_MODEL_LEN,
-    NOT_SET_UP,
-    SERVED_MODEL,
-    installation,
-    vllm_home,
-)
+from engines.home import Layout, vllm_home
+from engines.servers import KV_CACHE_MEMORY_BYTES, MAX_MODEL_LEN, NOT_SET_UP, SERVED_MODEL
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 # found at import: pytester points HOME at a temporary folder before the test body runs
-HOME = vllm_home()
+VLLM = Layout(vllm_home())
 OFFLINE = "HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1"
 
 
 def test_vllm_started_by_the_plugin(results_doc, pytester):
-    found = installation(HOME)
-    if found is None:
+    if not VLLM.installed():
         pytest.fail(NOT_SET_UP)
-    python, model = found
+    python, model = VLLM.python, VLLM.model
     command = (
         f"env -u PYTHONPATH {OFFLINE} HF_TOKEN=hf_not_a_real_token {shlex.quote(str(python))} "
         f"-m vllm.entrypoints.openai.api_server --model {shlex.quote(str(model))} "

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.vllm_server import MAX_MODEL_LEN, VllmServer
+from engines.servers import MAX_MODEL_LEN, VllmServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

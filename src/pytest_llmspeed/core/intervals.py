@@ -327,7 +327,7 @@ def _binom_cdf_half(n: int, r: int) -> float:
     return math.fsum(math.comb(n, i) for i in range(r + 1)) / 2.0**n
 
 
-def median_interval(values: Sequence[float]) -> Interval | None:
+def median_interval(values: Sequence[float] | np.ndarray) -> Interval | None:
     """The distribution-free 95 % interval of a median: order statistics x(l) and x(n+1−l),
     l the largest rank with P(Bin(n, ½) ≤ l − 1) ≤ 2.5 %. None below 6 values (no pair of
     ranks covers 95 % then)."""

@@ -21,6 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -180,8 +181,15 @@ def _group_alive(group: int) -> bool:
     return False
 
 
-def launch(command: ServeCommand, log_path: Path) -> LaunchedServer:
-    """Start the command under the watchdog, its output to ``log_path``."""
+def launch(
+    command: ServeCommand,
+    log_path: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> LaunchedServer:
+    """Start the command under the watchdog, its output to ``log_path``; ``env`` and ``cwd``
+    as for ``subprocess.Popen`` (None: this process's)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         log.write(f"$ {command.shown}\n".encode())
@@ -191,6 +199,8 @@ def launch(command: ServeCommand, log_path: Path) -> LaunchedServer:
             stdin=subprocess.PIPE,  # never written: it closes when this process dies
             stdout=log,
             stderr=subprocess.STDOUT,
+            env=None if env is None else dict(env),
+            cwd=cwd,
             start_new_session=True,
         )
     return LaunchedServer(command, log_path, proc)

@@ -12,7 +12,7 @@ import math
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -792,7 +792,7 @@ def ended_early(rec: StreamRecord, max_output: int) -> bool:
     return rec.count_method in EXACT and rec.n_tokens < max_output
 
 
-def server_queued(waiting: list[float], running: list[float], n: int) -> bool:
+def server_queued(waiting: Sequence[float], running: Sequence[float], n: int) -> bool:
     """Did the server queue our requests during the window (effective concurrency below N)?
 
     From the 1 Hz samples of the server's gauges: requests waited in at least a quarter of the
