@@ -305,7 +305,14 @@ def transformers_serve(
         str(lay.transformers), "serve", model, "--continuous-batching",
         "--cb-num-blocks", "64", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
-    env = {**offline_env(os.environ if environ is None else environ), "PYTHONPATH": str(lay.site)}
+    # One intra-op thread: torch's default (a thread per core) spins against any other busy
+    # process on a 2-core machine. One 64-token request of the words model (5 in a row, beside
+    # two busy loops): 2.7-16 s with the default, 0.25-0.55 s with one thread.
+    env = {
+        **offline_env(os.environ if environ is None else environ),
+        "PYTHONPATH": str(lay.site),
+        "OMP_NUM_THREADS": "1",
+    }
     with running(
         "transformers serve", cmd, port, env=env, log_path=log_path, timeout_s=180
     ) as server:
