@@ -182,7 +182,13 @@ def test_cell_whose_server_queues_is_flagged(results_doc, pytester):
     assert cells["decode[4K-c16]"]["max_waiting"] > 0
     assert cells["decode[4K-c16]"]["effective_concurrency"] < 16
     assert cells["decode[4K-c1]"]["queued"] is False
-    result.stdout.fnmatch_lines(["*decode*4K-c16*the server queued requests (effective*< 16)*"])
+    # said once, with the cells it concerns
+    result.stdout.fnmatch_lines(
+        [
+            "  the server queued requests (effective concurrency below the requests asked): "
+            "decode[[]4K-c16[]] (*< 16)"
+        ]
+    )
 
 
 def sim_trace(url, clear=False):

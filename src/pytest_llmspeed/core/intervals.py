@@ -373,6 +373,37 @@ def drift_words(change: float) -> str:
     )
 
 
+def drift_noted(
+    change: float | None,
+    value: float | None,
+    ci: tuple[float, float] | None,
+    measured_s: float | None,
+    duration_s: float | None,
+    early_end: bool,
+) -> bool:
+    """Is a window's trend a note on the cell? ``change``: the flagged trend's fitted change
+    over the window (a fraction of the figure, − = slowing; None when none was flagged).
+
+    Only where the trend moves the figure the protocol defines — the mean over the full
+    ``duration_s`` window — beyond the figure's own interval, or where early ends were asked
+    (``early_end``: ``--llm-precision``), whose end and projected interval a trend decides.
+    Over a full window the trend is part of that figure (the interval, taken around the line
+    through the batches, already describes it): no note. Over a window shorter than asked
+    (cut short), the line carried on to the full window moves the figure by
+    |change| · (D − t) / 2t of it: a note when that is beyond the interval's wider side
+    (docs/metrics.md, "Drift")."""
+    if change is None:
+        return False
+    if early_end:
+        return True
+    if not value or not measured_s or not duration_s or measured_s >= duration_s - 1e-3:
+        return False
+    shift = abs(change) * (duration_s - measured_s) / (2 * measured_s) * abs(value)
+    if ci is None:
+        return True
+    return shift > max(value - ci[0], ci[1] - value)
+
+
 def trend(rates: Sequence[float]) -> Drift | None:
     """Least-squares slope of a rate series over equal batches, tested against zero with its
     standard error widened for the residuals' lag-1 autocorrelation (n_eff = n(1−r)/(1+r))."""
