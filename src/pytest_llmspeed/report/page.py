@@ -364,7 +364,7 @@ def _comparison(cmp: Comparison) -> dict[str, Any]:
         if c is None:
             return {"text": "", "cls": "", "hover": ""}
         if c.change is None:
-            return {"text": c.verdict.value, "cls": "skip", "hover": c.why}
+            return {"text": c.verdict.short, "cls": "skip", "hover": c.why or c.verdict.value}
         hover = (
             f"{c.cid}: {c.old:,.1f} → {c.new:,.1f} {c.metric} ({c.verdict.value}, noise "
             f"threshold ±{c.threshold:.1%})"
