@@ -100,3 +100,10 @@ def test_the_noted_drift_in_the_summary(results):
         "  drift: total tok/s moved over the window (a trend, not noise), and the figure with "
         f"it: it depends on where the window ended: {cell.id} (fell 2.3%)",
     ]
+
+
+def test_unstable_cells_say_by_how_much_beyond_a_tenth(results):
+    cell = decode_cells(results)[0]
+    shown = [note_lines([dataclasses.replace(cell, stability_cv=cv)]) for cv in (0.1, 0.1049, 0.76)]
+    head = "  unstable: per-second throughput varies by more than 10 %: "
+    assert shown == [[], [f"{head}{cell.id} (10.5%)"], [f"{head}{cell.id} (76%)"]]

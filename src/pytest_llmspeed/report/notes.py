@@ -91,8 +91,9 @@ def cell_notes(c: CellRecord) -> list[CellNote]:
         ]
     if c.early_stops:
         notes.append(CellNote(EARLY_STOPS, str(c.early_stops)))
-    if (c.stability_cv or 0) > 0.1:
-        notes.append(CellNote(UNSTABLE, f"{c.stability_cv:.0%}"))
+    cv = c.stability_cv or 0.0
+    if cv > 0.1:  # a tenth is shown where whole percents would say 10 %
+        notes.append(CellNote(UNSTABLE, f"{cv:.0%}" if round(cv, 2) > 0.1 else f"{cv:.1%}"))
     if c.window_end == "precision" and c.precision is not None:
         notes.append(CellNote(ENDED_EARLY, f"±{c.precision:.1%} after {c.measured_s or 0:.1f} s"))
     elif c.window_end == "duration" and c.precision is not None:
