@@ -426,7 +426,7 @@ def trend(rates: Sequence[float]) -> Drift | None:
     return Drift(change, t_stat, abs(t_stat) > crit, abs(change) >= DRIFT_MIN_CHANGE)
 
 
-# -- Little's law --------------------------------------------------------------------------
+# -- requests in flight (Little's L) ------------------------------------------------------
 
 
 def in_flight(spans: Sequence[tuple[float, float]], w0: float, w1: float) -> float | None:

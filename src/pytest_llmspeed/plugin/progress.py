@@ -300,8 +300,9 @@ class ProgressReporter:
             reporter = self.config.pluginmanager.get_plugin("terminalreporter")
             if self._fspath is not None and reporter is not None:
                 reporter.showfspath, self._fspath = self._fspath, None
-            if self._failed and (record is None or record.status is Status.VALID):
-                line += " · test FAILED"  # pytest's F, left out of the log
+            quiet = self.config.get_verbosity() <= 0  # pytest's F left out of the log
+            if quiet and self._failed and (record is None or record.status is Status.VALID):
+                line += " · test FAILED"
             self._write_open(line)
 
     def pytest_sessionfinish(self) -> None:
