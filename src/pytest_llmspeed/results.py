@@ -520,7 +520,7 @@ class CellRecord:
     prompt_tok_s_ci: tuple[float, float] | None = None
     ci_method: str | None = None  # of total tok/s: "batch means (k=16)"
     drift: float | None = None  # a trend flagged in the window: fitted change (− = slowing)
-    little_residual: float | None = None  # λ·W / N − 1 over the window
+    little_residual: float | None = None  # requests in flight on average / N − 1 (window)
     precision: float | None = None  # the half-width total tok/s reached, as a fraction
     window_end: str | None = None  # with --llm-precision: "precision" (early) or "duration"
     #: total tok/s of each replica, when the server is several replicas (written when set)

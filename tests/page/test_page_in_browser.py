@@ -137,3 +137,33 @@ def test_screenshots(page, tmp_path, name, size):
     shot = SHOTS / f"{name}.png"
     run = chromium(tmp_path, f"--window-size={size}", f"--screenshot={shot}", page.as_uri())
     assert shot.is_file() and shot.stat().st_size > 20_000, run.stderr[-1000:]
+
+
+#: the demo's matrix: 6 contexts × 8 concurrencies, 16 of them over capacity
+DEMO_OVER = {(8, 128), (16, 128), (32, 64), (32, 128)} | {
+    (k, n)
+    for k, first in ((64, 32), (128, 16), (256, 8))
+    for n in (8, 16, 32, 64, 128)
+    if n >= first
+}
+
+
+def test_the_comparison_of_the_demo_matrix_fits_a_1280_px_window(tmp_path):
+    from pytest_llmspeed.report.compare import compare
+    from pytest_llmspeed.report.page import render_page
+    from tests.unit.test_compare import matrix
+
+    grid = (8, 16, 32, 64, 128, 256)
+    old = matrix(DEMO_OVER, set(), grid)
+    new = matrix(DEMO_OVER, set(), grid, speed=0.9)  # a change in every measured cell
+    html = render_page(new, compare(old, new)).html
+    assert html.count(">over capacity</td>") == 16
+    measure = (
+        '<script>var s = document.querySelector("#comparison .scroll");'
+        'document.body.dataset.fit = [s.scrollWidth, s.clientWidth].join(" ");</script>'
+    )
+    page = tmp_path / "compare.html"
+    page.write_text(html.replace("</body>", measure + "</body>"))
+    run = chromium(tmp_path, "--window-size=1280,2000", "--dump-dom", page.as_uri())
+    width, room = map(int, run.stdout.split('data-fit="')[1].split('"')[0].split())
+    assert width <= room, f"the comparison is {width} px wide in {room} px: it scrolls"

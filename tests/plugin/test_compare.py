@@ -141,3 +141,30 @@ def test_bad_llm_compare_and_llm_meta_are_usage_errors(pytester):
     result.stderr.fnmatch_lines(["ERROR: --llm-compare: bad.json: not a pytest-llmspeed results*"])
     result = pytester.runpytest("--llm-endpoint=sim", "--llm-meta", "hardware")
     result.stderr.fnmatch_lines(["ERROR: --llm-meta='hardware': give KEY=VALUE, e.g. *"])
+
+
+def test_a_comparison_inside_a_run_knows_the_runs_own_model_and_engine(pytester, monkeypatch):
+    # made after the server was stopped: the run's facts must have outlived it
+    summary = pytester.path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    small = (
+        "--llm-endpoint=sim:tiny?speed=4",
+        "--llm-contexts=1K",
+        "--llm-concurrency=1",
+        "--llm-duration=1",
+        "--llm-max-output=64",
+        "-p",
+        "no:randomly",
+    )
+    pytester.runpytest(*small, "--llm-results=old.json").assert_outcomes(passed=2)
+    summary.unlink()
+    result = pytester.runpytest(*small, "--llm-results=new.json", "--llm-compare=old.json")
+    result.assert_outcomes(passed=2)
+    out = result.stdout.lines
+    at = next(i for i, ln in enumerate(out) if ln.startswith("Compared with old.json (tiny · "))
+    assert out[at + 1].startswith("  2 cell(s): "), out[at : at + 3]  # no warning, no difference
+    assert "warning" not in result.stdout.str()
+    assert "None" not in result.stdout.str()
+    text = summary.read_text()
+    assert "compared with old.json" in text and "warning" not in text
+    assert json.loads((pytester.path / "new.json").read_text())["run"]["model"] == "tiny"

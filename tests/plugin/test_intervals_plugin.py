@@ -3,6 +3,7 @@ properties and the terminal; --llm-precision ends a steady window early and says
 with intervals gates a slower server beyond them."""
 
 import json
+import re
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -66,7 +67,8 @@ def test_precision_ends_a_steady_window_early_and_says_what_it_reached(pytester)
     result.stdout.fnmatch_lines(
         [
             "llmspeed: * · window 2–20 s, until ±2.0% · *",
-            "  decode[[]1K-c1[]]: *±*% after *s (window ended early)",
+            "  window ended early, precise enough (--llm-precision): decode[[]1K-c1[]] (±*% "
+            "after * s), decode[[]1K-c4[]] (±*% after * s)",
         ]
     )
 
@@ -83,7 +85,12 @@ def test_a_window_that_cannot_reach_the_precision_says_so(pytester):
     result.assert_outcomes(passed=3)
     for c in cells(pytester).values():
         assert c["window_end"] == "duration" and c["precision"] > 0.0005
-    result.stdout.fnmatch_lines(["  decode[[]1K-c4[]]: *window ended at 2 s with ±*%"])
+    result.stdout.fnmatch_lines(
+        [
+            "  window ran to its end without the precision asked (--llm-precision): "
+            "decode[[]1K-c1[]] (±*% at 2 s), decode[[]1K-c4[]] (±*% at 2 s)"
+        ]
+    )
 
 
 def test_a_baseline_with_intervals_gates_beyond_them(pytester):
@@ -106,3 +113,37 @@ def test_a_baseline_with_intervals_gates_beyond_them(pytester):
     checks = cells(pytester)["decode[1K-c4]"]["baseline_checks"]
     assert all(c["reference_ci"] and c["values_ci"] for c in checks)
     assert same.ret in (0, 1)  # decided by the figures; the slower run's failure is the point
+
+
+def test_requests_that_fail_and_restart_late_are_a_note_once_with_their_cells(
+    results_doc, pytester
+):
+    # once each prefix is warm, every second request is answered HTTP 500; the client waits
+    # before it restarts one that failed (longer after each failure in a row): the cells did
+    # not keep N in flight, and the summary says so once, naming both
+    from tests.plugin.test_error_paths import run_broken_after_warm_up
+
+    result = run_broken_after_warm_up(
+        pytester,
+        "start500=0.5",
+        "--llm-duration=2",
+        "--llm-max-output=64",
+        "--llm-max-error-rate=1",
+        concurrency="1,4",
+    )
+    result.assert_outcomes(passed=2, deselected=1)
+    cells = results_doc("out.json")["by_id"]
+    for cid, n in (("decode[1K-c1]", 1), ("decode[1K-c4]", 4)):
+        c = cells[cid]
+        assert c["errors"] > 0
+        # requests in flight on average: what the residual says, and well below N
+        assert c["little_residual"] == pytest.approx(c["avg_active"] / n - 1, abs=2e-3)
+        assert c["avg_active"] < 0.95 * n, cid
+    notes = [ln for ln in result.stdout.lines if "requests in flight than asked" in ln]
+    assert len(notes) == 1
+    assert re.fullmatch(
+        r"  fewer requests in flight than asked: the client did not keep them in flight \(late "
+        r"restarts or failing requests\): decode\[1K-c1\] \(0\.\d\d of 1 on average, −\d+\.\d%\), "
+        r"decode\[1K-c4\] \([0-3]\.\d\d of 4 on average, −\d+\.\d%\)",
+        notes[0],
+    ), notes[0]

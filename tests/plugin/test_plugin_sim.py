@@ -1,6 +1,7 @@
 """The plugin end to end against the built-in simulator (real HTTP on loopback)."""
 
 import json
+import re
 import urllib.request
 
 import pytest
@@ -182,7 +183,13 @@ def test_cell_whose_server_queues_is_flagged(results_doc, pytester):
     assert cells["decode[4K-c16]"]["max_waiting"] > 0
     assert cells["decode[4K-c16]"]["effective_concurrency"] < 16
     assert cells["decode[4K-c1]"]["queued"] is False
-    result.stdout.fnmatch_lines(["*decode*4K-c16*the server queued requests (effective*< 16)*"])
+    # said once, with the cells it concerns
+    result.stdout.fnmatch_lines(
+        [
+            "  the server queued requests (effective concurrency below the requests asked): "
+            "decode[[]4K-c16[]] (*< 16)"
+        ]
+    )
 
 
 def sim_trace(url, clear=False):
@@ -242,6 +249,86 @@ def test_progress_lines_when_each_cell_starts_and_ends(pytester):
     assert "\r" not in out and "\x1b[" not in out  # a log, not a terminal: plain lines
     quiet = run_matrix(pytester, "-q")
     assert not [ln for ln in quiet.stdout.lines if ln.startswith("[1/")]
+
+
+LOG_MATRIX = (
+    "--llm-endpoint=sim:h200-qwen3.5-27b-int4?speed=10",  # noiseless, at 10x
+    "--llm-contexts=8K",
+    "--llm-concurrency=1,2,4",
+    "--llm-duration=1",
+    "--llm-max-output=128",
+    "--llm-kv-capacity=20000",  # 4 × (8K + 128) does not fit: a cell the arithmetic skips
+    "-p",
+    "no:randomly",
+)
+CELLS = ["prefill[8K]", "decode[8K-c1]", "decode[8K-c2]", "decode[8K-c4]"]
+
+
+def cells_part(lines):
+    """The lines between the header (the built-in suite's rule) and the summary."""
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("llmspeed: built-in suite"))
+    last = next(i for i, ln in enumerate(lines) if "= llmspeed =" in ln)
+    return lines[first + 1 : last]
+
+
+def test_a_log_has_two_lines_per_cell_and_nothing_between(pytester, monkeypatch):
+    # no terminal (pytester captures the output), started below the rootdir as tox -e demo is
+    pytester.makeini("[pytest]\n")
+    below = pytester.mkdir("perf") / "speed"
+    below.mkdir()
+    monkeypatch.chdir(below)
+    result = pytester.runpytest(*LOG_MATRIX)
+    result.assert_outcomes(passed=3, skipped=1)
+    part = cells_part(result.stdout.lines)
+    assert len(part) == 2 * len(CELLS), "\n".join(part)
+    for i, cid in enumerate(CELLS):
+        start, end = part[2 * i : 2 * i + 2]
+        assert start.startswith(f"[{i + 1}/4] {cid} · "), start
+        assert end.startswith(f"[{i + 1}/4] {cid}") and end != start, end
+    assert part[-1].startswith("[4/4] decode[8K-c4] Over capacity: 4 × (8K + 128) = ")
+    assert part[-1].endswith(" [100%]")  # pytest's percentage, at the end of the last line
+    text = result.stdout.str()
+    assert "llmspeed ." not in text and "../" not in text
+    # a noiseless simulator at 10x: the summary has no note on a cell
+    lines = result.stdout.lines
+    at = lines.index(part[-1]) + 1
+    summary = lines[at : next(i for i in range(at, len(lines)) if lines[i].startswith("note:"))]
+    assert "Sustained decode" in summary
+    assert not [ln for ln in summary if ln.startswith("  ")], summary
+
+    # -v: pytest's line for each test between the two, named where the plugin is
+    verbose = cells_part(pytester.runpytest(*LOG_MATRIX, "-v").stdout.lines)
+    assert len(verbose) == 3 * len(CELLS), "\n".join(verbose)
+    names = [f"llmspeed::test_{c.split('[')[0]}[{c.split('[')[1]}" for c in CELLS]
+    for i, name in enumerate(names):
+        start, test, end = verbose[3 * i : 3 * i + 3]
+        assert start.startswith(f"[{i + 1}/4] {CELLS[i]} · ") and end.startswith(f"[{i + 1}/4] ")
+        word = "SKIPPED" if "c4" in name else "PASSED"
+        assert re.fullmatch(re.escape(f"{name} {word}") + r" .*\[ *\d+%\]", test), test
+
+
+def test_a_test_of_yours_that_fails_on_a_valid_cell_says_so_on_its_end_line(pytester):
+    pytester.makepyfile(
+        test_speed="""
+        import pytest
+
+        @pytest.mark.parametrize("llm_prefix", ["1K"], indirect=True)
+        @pytest.mark.parametrize("llm_concurrency", [1])
+        def test_one_user(llm_prefix, llm_concurrency, llm_cell):
+            assert llm_cell.decode(llm_prefix, llm_concurrency).total_tok_s > 1e9, "too slow"
+        """
+    )
+    result = pytester.runpytest(f"--llm-endpoint={TINY}", "--llm-duration=1", "--llm-max-output=64")
+    result.assert_outcomes(failed=1)
+    lines = result.stdout.lines
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("[1/1] decode[1K-c1] · window"))
+    # pytest's F is not in the log: the end line says the test failed, the cell was valid
+    assert re.fullmatch(
+        r"\[1/1\] decode\[1K-c1\]: [\d,.]+ tok/s · .* \(\d+ s\) · test FAILED \[100%\]",
+        lines[at + 1],
+    ), lines[at + 1]
+    assert lines[at + 2].startswith("=") and "FAILURES" in lines[at + 2]
+    result.stdout.fnmatch_lines(["FAILED test_speed.py::test_one_user[[]1-1K[]] - *too slow*"])
 
 
 def test_every_prompt_the_server_received_has_its_cells_length(results_doc, pytester, sim_url):

@@ -11,6 +11,7 @@ import pytest
 from pytest_llmspeed.core import intervals
 from pytest_llmspeed.core.intervals import (
     batch_counts,
+    in_flight,
     little_residual,
     long_run_sd,
     t_quantile,
@@ -160,6 +161,23 @@ def test_little_residual_is_zero_when_n_are_kept_in_flight_and_negative_when_not
     late = [(t, t + 1.0) for s in range(4) for t in np.arange(0, 12, 1.25)]
     assert little_residual(late, 0.05, 10.05, 4) == pytest.approx(-0.2, abs=0.03)
     assert little_residual([], 0.0, 1.0, 4) is None
+
+
+def test_requests_in_flight_count_only_their_time_inside_the_window():
+    # 64 long requests sent 0.2 s before a 3 s window opens (one TTFT), all cut at its end:
+    # 64 in flight at every instant of the window, exactly. Their time in the system, send to
+    # end, is 3.2 s each: λ·W over the window said 64 × 3.2 / 3 = 68.3 (+6.7 %)
+    spans = [(-0.2, 3.0)] * 64
+    assert in_flight(spans, 0.0, 3.0) == pytest.approx(64.0, abs=1e-9)
+    assert little_residual(spans, 0.0, 3.0, 64) == pytest.approx(0.0, abs=1e-12)
+    # one slot empty for the last 0.6 s (a failed request that waited before its restart,
+    # restarted 0.3 s before the end): 63.8 on average; a request entirely outside counts 0
+    gap = [(-0.2, 2.1), (2.7, 3.5), (3.0, 4.0), (-1.0, -0.5)]
+    assert in_flight([*spans[:63], *gap], 0.0, 3.0) == pytest.approx(63 + 2.4 / 3, abs=1e-9)
+    assert little_residual([*spans[:63], *gap], 0.0, 3.0, 64) == pytest.approx(
+        (63 + 0.8) / 64 - 1, abs=1e-12
+    )
+    assert in_flight(spans, 1.0, 1.0) is None
 
 
 def test_spreading_chunks_over_their_stream_removes_edge_noise():

@@ -262,6 +262,7 @@ async def stream_request(
                 if isinstance(err, KeyRejected):
                     raise err
                 rec.error = str(err)
+                rec.t_end = clock()  # answered: out of flight (not open to the window's end)
                 return rec
             async for data in resp.content.iter_any():
                 t = clock()

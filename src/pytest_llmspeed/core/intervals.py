@@ -9,8 +9,8 @@ Pure functions of recorded numbers (docs/metrics.md, "Uncertainty"):
   interval of a median (the binomial ranks around n/2);
 - drift: the least-squares slope of the fine batches over time, its standard error widened for
   the residuals' lag-1 autocorrelation (an effective sample size), tested at 1 %;
-- Little's law: requests that left the system per second × their mean time in it, against the
-  requests the protocol keeps in flight.
+- requests in flight: the time-average of the requests open over the window (Little's L,
+  measured directly), against the requests the protocol keeps in flight.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ VON_NEUMANN_ALPHA = 0.10
 #: drift: a trend significant at 1 % that moves the figure by at least this much over the window
 DRIFT_ALPHA = 0.01
 DRIFT_MIN_CHANGE = 0.01
-#: Little's law: a note when the requests in flight differ from those asked by more than this
+#: a note when the requests in flight on average differ from those asked by more than this
 LITTLE_TOLERANCE = 0.05
 
 
@@ -373,6 +373,37 @@ def drift_words(change: float) -> str:
     )
 
 
+def drift_noted(
+    change: float | None,
+    value: float | None,
+    ci: tuple[float, float] | None,
+    measured_s: float | None,
+    duration_s: float | None,
+    early_end: bool,
+) -> bool:
+    """Is a window's trend a note on the cell? ``change``: the flagged trend's fitted change
+    over the window (a fraction of the figure, − = slowing; None when none was flagged).
+
+    Only where the trend moves the figure the protocol defines — the mean over the full
+    ``duration_s`` window — beyond the figure's own interval, or where early ends were asked
+    (``early_end``: ``--llm-precision``), whose end and projected interval a trend decides.
+    Over a full window the trend is part of that figure (the interval, taken around the line
+    through the batches, already describes it): no note. Over a window shorter than asked
+    (cut short), the line carried on to the full window moves the figure by
+    |change| · (D − t) / 2t of it: a note when that is beyond the interval's wider side
+    (docs/metrics.md, "Drift")."""
+    if change is None:
+        return False
+    if early_end:
+        return True
+    if not value or not measured_s or not duration_s or measured_s >= duration_s - 1e-3:
+        return False
+    shift = abs(change) * (duration_s - measured_s) / (2 * measured_s) * abs(value)
+    if ci is None:
+        return True
+    return shift > max(value - ci[0], ci[1] - value)
+
+
 def trend(rates: Sequence[float]) -> Drift | None:
     """Least-squares slope of a rate series over equal batches, tested against zero with its
     standard error widened for the residuals' lag-1 autocorrelation (n_eff = n(1−r)/(1+r))."""
@@ -395,20 +426,33 @@ def trend(rates: Sequence[float]) -> Drift | None:
     return Drift(change, t_stat, abs(t_stat) > crit, abs(change) >= DRIFT_MIN_CHANGE)
 
 
-# -- Little's law --------------------------------------------------------------------------
+# -- requests in flight (Little's L) ------------------------------------------------------
+
+
+def in_flight(spans: Sequence[tuple[float, float]], w0: float, w1: float) -> float | None:
+    """Requests in flight on average over the window [w0, w1): the time-integral of the
+    requests open at each instant — each request's overlap of [send, end) with the window —
+    over the window's length (METRICS.md, "average active requests"). None for an empty
+    window."""
+    measured = w1 - w0
+    if measured <= 0:
+        return None
+    return math.fsum(max(0.0, min(end, w1) - max(start, w0)) for start, end in spans) / measured
 
 
 def little_residual(
     spans: Sequence[tuple[float, float]], w0: float, w1: float, concurrency: int
 ) -> float | None:
-    """λ·W / N − 1 over the window: λ the requests that left the system in (w0, w1] per second
-    (finished, failed, or cut at the window's end), W their mean time in the system (from
-    send to end, the part before the window included). The protocol opens the window when the
-    first N streams have their first token, so the time before it is one TTFT: λ·W ≈ N when
-    the client keeps N in flight, and falls below when it restarts late. None without one."""
-    measured = w1 - w0
-    gone = [min(end, w1) - start for start, end in spans if start < w1 and w0 < min(end, w1)]
-    if not gone or measured <= 0 or concurrency <= 0:
+    """L / N − 1: the requests in flight on average over the window (:func:`in_flight`, the
+    L of Little's law measured directly) against the N the protocol keeps in flight. 0 when
+    the client keeps N in flight; below when it restarts late or requests fail and wait
+    before they restart. None without a request.
+
+    Not λ·W from the requests that left in the window: their time in the system includes
+    the part before the window opened (one TTFT or more for each of the first N, the whole
+    window and more for long requests cut at its end), which put λ·W above N — 67.7 in
+    flight for 64 asked on a 3 s window — when the client lost no time at all."""
+    held = in_flight(spans, w0, w1)
+    if held is None or not spans or concurrency <= 0:
         return None
-    rate = len(gone) / measured
-    return rate * (sum(gone) / len(gone)) / concurrency - 1
+    return held / concurrency - 1

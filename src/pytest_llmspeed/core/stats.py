@@ -16,6 +16,7 @@ from .intervals import (
     Drift,
     Interval,
     batch_means,
+    in_flight,
     little_residual,
     median_interval,
     per_request_interval,
@@ -118,7 +119,6 @@ def decode_stats(
     ttfts: list[float] = []
     tbts: list[float] = []
     completed = 0
-    active_integral = 0.0
     errors = 0
     n_sec = max(int(np.ceil(measured - 1e-9)), 0)
     per_second = np.zeros(n_sec, dtype=np.int64)
@@ -127,8 +127,6 @@ def decode_stats(
             errors += 1
         times = np.asarray(tr.token_times, dtype=np.float64)
         counts = np.asarray(tr.token_counts, dtype=np.int64)
-        # active: overlap of [t_send, t_end) with the window
-        active_integral += max(0.0, min(tr.t_end, w1) - max(tr.t_send, w0))
         if len(times):
             if times[0] < w1:
                 ttfts.append((times[0] - tr.t_send) * 1e3)
@@ -169,10 +167,9 @@ def decode_stats(
             if len(tr.token_times)
         ]
         per_request_ci = per_request_interval(arrays, w0, w1, bm.batches, per_request, full)
-    little = None
-    if concurrency:
-        spans = [(tr.t_send, tr.t_end) for tr in traces]
-        little = little_residual(spans, w0, w1, concurrency)
+    # requests in flight: each one's overlap of [t_send, t_end) with the window
+    spans = [(tr.t_send, tr.t_end) for tr in traces]
+    little = little_residual(spans, w0, w1, concurrency) if concurrency else None
     return DecodeStats(
         output_tokens=out_tokens,
         total_tok_s=total_tok_s,
@@ -183,7 +180,7 @@ def decode_stats(
         tbt_ms=_median(tbts),
         tbt_p90_ms=_pct(tbts, 90),
         tbt_p99_ms=_pct(tbts, 99),
-        avg_active=active_integral / measured if measured > 0 else 0.0,
+        avg_active=in_flight(spans, w0, w1) or 0.0,
         completed=completed,
         measured_s=measured,
         requests=len(traces),

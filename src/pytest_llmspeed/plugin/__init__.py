@@ -215,6 +215,17 @@ def suite_rule(config: pytest.Config, items: list[pytest.Item]) -> tuple[bool, s
     )
 
 
+def _suite_nodeid(config: pytest.Config) -> str:
+    """``llmspeed`` in the folder where pytest was started: pytest shows a location relative
+    to that folder, so the built-in suite reads ``llmspeed::test_decode[8K-c1]`` wherever the
+    rootdir is (below it, not ``../../llmspeed``; its JUnit class name has the folder)."""
+    try:
+        where = config.invocation_params.dir.relative_to(config.rootpath)
+    except ValueError:  # started outside the rootdir
+        return "llmspeed"
+    return (where / "llmspeed").as_posix()
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
@@ -226,7 +237,9 @@ def pytest_collection_modifyitems(
     if add:
         from . import suite
 
-        module = pytest.Module.from_parent(session, path=Path(suite.__file__), nodeid="llmspeed")
+        module = pytest.Module.from_parent(
+            session, path=Path(suite.__file__), nodeid=_suite_nodeid(config)
+        )
         items.extend(session.genitems(module))
     for item in items:
         callspec = getattr(item, "callspec", None)

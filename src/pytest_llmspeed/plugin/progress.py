@@ -4,10 +4,14 @@
     [12/48] decode[32K-c8] valid: 903.6 tok/s · 112.9 tok/s per request · TTFT 1,199 ms
 
 Plain lines, no carriage return and no colour, so they read the same in a CI log as on a
-terminal. ``-q`` silences them. The time left counts what the remaining cells will cost: a
-decode cell its window plus the overhead the decode cells so far needed beyond their window
-(ramp-up, idle wait, confirmations), a context not warmed yet its prefill at the prefill rate
-measured so far; cells the arithmetic skips cost nothing.
+terminal. ``-q`` silences them. In a log (no terminal) a cell is those two lines and nothing
+between them: pytest's own progress for the cell — its location, the ``.`` of its result —
+is left out (the end line says the outcome), its percentage goes at the end of the end line;
+with ``-v``, pytest's line for the test (``llmspeed::test_decode[8K-c1] PASSED [ 66%]``) comes
+between them, nothing else. The time left counts what the remaining cells will cost: a decode
+cell its window plus the overhead the decode cells so far needed beyond their window (ramp-up,
+idle wait, confirmations), a context not warmed yet its prefill at the prefill rate measured so
+far; cells the arithmetic skips cost nothing.
 
 On a terminal only (the terminal reporter writes to a TTY, ``TERM`` is not ``dumb``, no live
 logging writes onto the same lines; not with ``-q``), a decode window also shows one live line,
@@ -32,7 +36,7 @@ import pytest
 from ..results import CellId, CellRecord, Phase, Status
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Generator
 
     from ..core.protocol import DecodeTick
 
@@ -162,7 +166,10 @@ class ProgressReporter:
     def __init__(self, config: pytest.Config):
         self.config = config
         self._live: bool | None = None  # decided at the first cell, when the terminal is set up
+        self._log: bool | None = None  # no terminal: likewise
         self._shown: int | None = None  # the live line is drawn after this many columns
+        self._fspath: bool | None = None  # pytest's showfspath while a cell runs in a log
+        self._failed = False  # the running cell's test failed (pytest's F, left out in a log)
 
     def _live_wanted(self) -> bool:
         """A live line only on a terminal, where a carriage return rewrites a line."""
@@ -209,6 +216,23 @@ class ProgressReporter:
             reporter.ensure_newline()
             reporter.write_line(line)
 
+    def _write_open(self, line: str) -> None:
+        """A line left open for pytest to end (``currentfspath`` -2, as pytest marks a line of
+        its own in progress): its next line, or the progress it puts at a line's end, starts
+        there — no empty line, no line of its own for ``[100%]``."""
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write(line)
+            reporter.currentfspath = -2
+
+    def _in_log(self) -> bool:
+        """Not a terminal: pytest's own progress for a cell would split its two lines."""
+        if self._log is None:
+            reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+            self._log = reporter is not None and not reporter.isatty
+        return self._log
+
     def _run_and_cell(self, nodeid: str) -> tuple[Progress, CellId, dict[str, CellRecord]] | None:
         from .stash import RUN_KEY
 
@@ -222,15 +246,42 @@ class ProgressReporter:
         found = self._run_and_cell(nodeid)
         if found:
             progress, cid, _ = found
-            self._write(progress.start_line(cid))
+            self._failed = False
+            if not self._in_log():
+                self._write(progress.start_line(cid))
+            elif self.config.get_verbosity() > 0:
+                # -v: pytest's line for the test ends this one and follows it
+                self._write_open(progress.start_line(cid))
+            else:
+                self._write(progress.start_line(cid))
+                reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+                if reporter is not None:  # its line of dots: not for this cell
+                    self._fspath, reporter.showfspath = reporter.showfspath, False
             if self._live is None:
                 self._live = self._live_wanted()
             if self._live:
                 self._set_on_tick(functools.partial(self._tick, progress, cid))
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_teststatus(
+        self, report: pytest.TestReport
+    ) -> Generator[None, tuple[str, str, str], tuple[str, str, str]]:
+        """In a log, a cell's result without pytest's letter (``.``, ``F``): its end line says
+        it. The word (``PASSED``) stays, for ``-v`` and the short test summary."""
+        status = yield
+        if (
+            self._log
+            and status[1]
+            and self.config.get_verbosity() <= 0
+            and self._run_and_cell(report.nodeid) is not None
+        ):
+            return (status[0], "", status[2])
+        return status
+
     @pytest.hookimpl(tryfirst=True)  # before pytest writes the result where the line was
-    def pytest_runtest_logreport(self) -> None:
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self._erase()
+        self._failed = self._failed or report.failed
 
     def pytest_keyboard_interrupt(self) -> None:
         self._erase()
@@ -241,7 +292,25 @@ class ProgressReporter:
             self._erase()
             self._set_on_tick(None)
             progress, cid, cells = found
-            self._write(progress.end_line(cid, cells.get(str(cid))))
+            record = cells.get(str(cid))
+            line = progress.end_line(cid, record)
+            if not self._in_log():
+                self._write(line)
+                return
+            reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+            if self._fspath is not None and reporter is not None:
+                reporter.showfspath, self._fspath = self._fspath, None
+            quiet = self.config.get_verbosity() <= 0  # pytest's F left out of the log
+            if quiet and self._failed and (record is None or record.status is Status.VALID):
+                line += " · test FAILED"
+            self._write_open(line)
+
+    def pytest_sessionfinish(self) -> None:
+        """pytest ends the last line with its own at the session's end (after its ``[100%]``):
+        no line is open for it to end again with an empty one."""
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if self._log and reporter is not None and reporter.currentfspath == -2:
+            reporter.currentfspath = None
 
     def _set_on_tick(self, on_tick: Callable[[DecodeTick], None] | None) -> None:
         from .stash import RUN_KEY

@@ -82,6 +82,7 @@ class LLMSpeedRun:
         if settings.baseline:
             self.baseline = load_baseline(settings.baseline)  # BaselineError: bad file
         self.earlier: Results | None = None
+        self._ran: RunInfo | None = None  # run_info() as the server was stopped
         if settings.compare:
             from ..results import load
 
@@ -243,6 +244,8 @@ class LLMSpeedRun:
 
     def stop(self) -> None:
         if self.bench is not None:
+            if self.started:  # what the server said outlives it (--llm-compare in the summary)
+                self._ran = self.run_info()
             with contextlib.suppress(Exception):
                 self.bench.close()
             self.bench = None
@@ -254,7 +257,9 @@ class LLMSpeedRun:
             self._sim = None
 
     def run_info(self) -> RunInfo:
-        """What this run is, as the results model records it."""
+        """What this run is, as the results model records it (after :meth:`stop` too)."""
+        if self.bench is None and self._ran is not None:
+            return dataclasses.replace(self._ran, notes=tuple(self.notes))
         server = self.bench.server if self.bench else None
         dialect = self.bench.dialect if self.bench else None
         factory = self.bench.factory if self.bench else None

@@ -24,7 +24,7 @@ from enum import Enum
 
 from tabulate import tabulate
 
-from ..results import CellRecord, Phase, Results, order_contexts
+from ..results import CellRecord, Phase, Results, Status, order_contexts
 
 DEFAULT_TOLERANCE = 0.05
 #: run settings whose difference makes two runs measure different things
@@ -37,12 +37,33 @@ class Verdict(Enum):
     WITHIN_NOISE = "within noise"
     ONLY_OLD = "only in the old run"
     ONLY_NEW = "only in the new run"
+    OVER_CAPACITY = "over capacity in both"
+    TOO_LONG = "exceeds max_model_len in both"
     NOT_MEASURED = "not measured in both"
 
     def counted(self, n: int) -> str:
         """``3 regressions``, ``1 within noise``."""
         plural = "s" if n != 1 and self in (Verdict.REGRESSION, Verdict.IMPROVEMENT) else ""
         return f"{n} {self.value}{plural}"
+
+    @property
+    def short(self) -> str:
+        """The verdict in a matrix's cell, where a change has no figure."""
+        return _SHORT.get(self, self.value)
+
+
+_SHORT = {
+    Verdict.ONLY_OLD: "only old",
+    Verdict.ONLY_NEW: "only new",
+    Verdict.OVER_CAPACITY: "over capacity",
+    Verdict.TOO_LONG: "too long",
+    Verdict.NOT_MEASURED: "not measured",
+}
+#: both runs skipped the cell by the same arithmetic: nothing to compare, and nothing missing
+_SKIPPED_IN_BOTH = {
+    Status.OVER_CAPACITY: Verdict.OVER_CAPACITY,
+    Status.DOES_NOT_FIT: Verdict.TOO_LONG,
+}
 
 
 @dataclass(frozen=True)
@@ -160,6 +181,8 @@ def compare(old: Results, new: Results, tolerance: float = DEFAULT_TOLERANCE) ->
             verdict = Verdict.ONLY_NEW
         elif b is None:
             verdict = Verdict.ONLY_OLD
+        elif a.status is b.status and a.status in _SKIPPED_IN_BOTH:
+            verdict = _SKIPPED_IN_BOTH[a.status]
         else:
             verdict = Verdict.NOT_MEASURED
             why = f"{a.status.value} (old), {b.status.value} (new)"
@@ -234,7 +257,7 @@ def markdown(cmp: Comparison, old_path: str, new_path: str) -> str:
         if c is None:
             return ""
         if c.change is None:
-            return c.verdict.value
+            return c.verdict.short
         mark = {Verdict.REGRESSION: " ❌", Verdict.IMPROVEMENT: " ✅"}.get(c.verdict, "")
         return fmt_change(c.change) + mark
 

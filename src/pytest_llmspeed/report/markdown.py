@@ -5,6 +5,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ..results import CellRecord, Phase, Status, order_contexts
+from .notes import by_kind, which
 from .terminal import fmt_ms, fmt_rate, replica_line
 
 
@@ -57,6 +58,11 @@ def summary(title: str, cells: list[CellRecord], notes: list[str]) -> str:
             ),
             "",
         ]
+        kinds = by_kind(decode)
+        if kinds:
+            lines += ["**Notes on cells**", ""]
+            lines += [f"- {kind.heading}: {which(concerned, '`')}" for kind, concerned in kinds]
+            lines.append("")
         replicas = [f"- {replica_line(c).strip()}" for c in decode if c.replica_tok_s]
         if replicas:
             lines += ["**Per replica** (total tok/s of each)", "", *replicas, ""]

@@ -17,7 +17,8 @@ from typing import Any
 from ..results import CellRecord, Outcome, Phase, Results, Status, order_contexts
 from .charts import Series, line_chart
 from .compare import Comparison, Verdict, change_matrix, fmt_change
-from .terminal import cell_flags, fmt_ci_ms, fmt_ms, fmt_rate, fmt_tbt, pm
+from .notes import by_kind, cell_flags, which
+from .terminal import fmt_ci_ms, fmt_ms, fmt_rate, fmt_tbt, pm
 
 PREFILL_HINT = (
     "prompt tok/s by context length: the first request at each context, on a cold cache "
@@ -309,7 +310,7 @@ def _details(cells: list[CellRecord]) -> list[list[str]]:
     rows = []
     for c in cells:
         phase = "Prefill" if c.phase is Phase.PREFILL else "Sustained decode"
-        notes = [*(cell_flags(c) if c.phase is Phase.DECODE else []), *c.notes]
+        notes = [*cell_flags(c), *c.notes]
         if c.replica_tok_s:
             notes.append(
                 "per replica " + " · ".join(f"{fmt_rate(x)} tok/s" for x in c.replica_tok_s)
@@ -363,7 +364,7 @@ def _comparison(cmp: Comparison) -> dict[str, Any]:
         if c is None:
             return {"text": "", "cls": "", "hover": ""}
         if c.change is None:
-            return {"text": c.verdict.value, "cls": "skip", "hover": c.why}
+            return {"text": c.verdict.short, "cls": "skip", "hover": c.why or c.verdict.value}
         hover = (
             f"{c.cid}: {c.old:,.1f} → {c.new:,.1f} {c.metric} ({c.verdict.value}, noise "
             f"threshold ±{c.threshold:.1%})"
@@ -410,6 +411,10 @@ def render_page(results: Results, comparison: Comparison | None = None) -> Page:
         charts=[_markup(c) for c in _charts(results)],
         details_header=DETAILS_HEADER,
         details_rows=_details(cells),
+        cell_notes=[
+            {"heading": kind.heading, "cells": which(concerned)}
+            for kind, concerned in by_kind(cells)
+        ],
         notes=list(run.notes),
         schema=SCHEMA,
     )

@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 from tabulate import tabulate
 
-from ..core.intervals import LITTLE_TOLERANCE, drift_words
 from ..gate.verdict import Accounting
 from ..results import CellRecord, Phase, Status, order_contexts
+from .notes import note_lines
 
 _COMPACT_MARK = {
     Status.VALID: "",
@@ -177,48 +177,6 @@ def details_table(cells: list[CellRecord]) -> str:
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
-def cell_flags(c: CellRecord) -> list[str]:
-    """What a reader must know about a decode cell's figures, in words (empty: nothing)."""
-    why = []
-    if c.queued:
-        why.append(
-            f"the server queued requests (effective concurrency "
-            f"{c.effective_concurrency} < {c.concurrency})"
-        )
-    if c.tokens == "chunk-count":
-        why.append(
-            "ONE TOKEN PER CHUNK ASSUMED: an estimate (no usage in stream, no request "
-            "finished at max_tokens)"
-        )
-    elif c.tokens in ("ratio", "tokenize"):
-        why.extend(n.removeprefix("tokens: ") for n in c.notes if n.startswith("tokens: "))
-    if c.early_stops:
-        why.append(f"{c.early_stops} request(s) ended before max output")
-    if (c.stability_cv or 0) > 0.1:
-        why.append(f"unstable: per-second throughput varies {c.stability_cv:.0%}")
-    why.extend(uncertainty_flags(c))
-    return why
-
-
-def uncertainty_flags(c: CellRecord) -> list[str]:
-    """The window's end (with --llm-precision), drift and the Little's-law check, in words."""
-    why = []
-    if c.window_end == "precision" and c.precision is not None:
-        why.append(f"±{c.precision:.1%} after {c.measured_s or 0:.1f} s (window ended early)")
-    elif c.window_end == "duration" and c.precision is not None:
-        why.append(f"window ended at {c.measured_s or 0:g} s with ±{c.precision:.1%}")
-    if c.drift is not None:
-        why.append(drift_words(c.drift))
-    if c.little_residual is not None and abs(c.little_residual) > LITTLE_TOLERANCE:
-        held = c.concurrency * (1 + c.little_residual)
-        why.append(
-            f"Little's law: {held:.2f} requests in flight on average (λ·W), asked "
-            f"{c.concurrency} ({c.little_residual:+.1%}): the client did not keep "
-            f"{c.concurrency} in flight (late restarts or failing requests)"
-        )
-    return why
-
-
 def replica_line(c: CellRecord) -> str:
     """A decode cell's total tok/s next to each replica's."""
     each = " · ".join(fmt_rate(x) for x in c.replica_tok_s or ())
@@ -242,10 +200,7 @@ def render(cells: list[CellRecord], width: int, verbose: bool, notes: list[str])
                 "would exceed the server's KV cache."
             )
         lines.append("Latencies are medians. TTFT in decode cells is measured on a warm prefix.")
-        for c in decode:
-            why = cell_flags(c)
-            if why:
-                lines.append(f"  {c.id}: " + "; ".join(why))
+        lines += note_lines(decode)
         lines += [replica_line(c) for c in decode if c.replica_tok_s]
     if verbose and cells:
         lines += ["", "All measurements", details_table(cells)]

@@ -1,0 +1,154 @@
+"""What a reader must know about a decode cell's figures, grouped by kind for the summaries.
+
+Each kind is said once, with the cells it concerns and each cell's own figure:
+
+    fewer requests in flight than asked: ... (late restarts or failing requests):
+    decode[8K-c1] (0.81 of 1 on average, −19.0%), decode[8K-c2] (1.62 of 2 on average, −19.0%)
+
+(one line in the terminal). A cell's own row (the page's "All measurements") gets the short
+form: ``queued: 11.2 < 16``.
+Pure functions of :class:`~pytest_llmspeed.results.CellRecord` s; the terminal summary, the
+Markdown step summary and the page render what :func:`by_kind` returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..core.intervals import LITTLE_TOLERANCE, drift_noted
+from ..results import CellRecord, Phase
+
+
+@dataclass(frozen=True)
+class NoteKind:
+    heading: str  # said once, before the cells it concerns
+    short: str  # in a cell's own row
+
+
+QUEUED = NoteKind(
+    "the server queued requests (effective concurrency below the requests asked)", "queued"
+)
+CHUNK_COUNT = NoteKind(
+    "ONE TOKEN PER CHUNK ASSUMED: an estimate (no usage in stream, no request finished at "
+    "max_tokens)",
+    "≈ one token per chunk",
+)
+TOKENS_ESTIMATED = NoteKind(
+    "tokens estimated (the stream did not give every request's count)", "tokens estimated"
+)
+EARLY_STOPS = NoteKind("requests ended before max output", "ended before max output")
+UNSTABLE = NoteKind("unstable: per-second throughput varies by more than 10 %", "unstable")
+ENDED_EARLY = NoteKind("window ended early, precise enough (--llm-precision)", "ended early")
+PRECISION_NOT_REACHED = NoteKind(
+    "window ran to its end without the precision asked (--llm-precision)",
+    "precision not reached",
+)
+DRIFT = NoteKind(
+    "drift: total tok/s moved over the window (a trend, not noise), and the figure with it: "
+    "it depends on where the window ended",
+    "drift",
+)
+IN_FLIGHT = NoteKind(
+    "fewer requests in flight than asked: the client did not keep them in flight "
+    "(late restarts or failing requests)",
+    "in flight",
+)
+#: the order kinds are said in
+KINDS = (
+    QUEUED,
+    CHUNK_COUNT,
+    TOKENS_ESTIMATED,
+    EARLY_STOPS,
+    UNSTABLE,
+    ENDED_EARLY,
+    PRECISION_NOT_REACHED,
+    DRIFT,
+    IN_FLIGHT,
+)
+
+
+@dataclass(frozen=True)
+class CellNote:
+    kind: NoteKind
+    detail: str = ""  # this cell's figure ('' when the kind says it all)
+
+
+def cell_notes(c: CellRecord) -> list[CellNote]:
+    """The notes of one decode cell, in the order of :data:`KINDS` (none for a prefill cell)."""
+    if c.phase is not Phase.DECODE:
+        return []
+    notes = []
+    if c.queued:
+        notes.append(CellNote(QUEUED, f"{c.effective_concurrency} < {c.concurrency}"))
+    if c.tokens == "chunk-count":
+        notes.append(CellNote(CHUNK_COUNT))
+    elif c.tokens in ("ratio", "tokenize"):
+        notes += [
+            CellNote(TOKENS_ESTIMATED, n.removeprefix("tokens: "))
+            for n in c.notes
+            if n.startswith("tokens: ")
+        ]
+    if c.early_stops:
+        notes.append(CellNote(EARLY_STOPS, str(c.early_stops)))
+    cv = c.stability_cv or 0.0
+    if cv > 0.1:  # a tenth is shown where whole percents would say 10 %
+        notes.append(CellNote(UNSTABLE, f"{cv:.0%}" if round(cv, 2) > 0.1 else f"{cv:.1%}"))
+    if c.window_end == "precision" and c.precision is not None:
+        notes.append(CellNote(ENDED_EARLY, f"±{c.precision:.1%} after {c.measured_s or 0:.1f} s"))
+    elif c.window_end == "duration" and c.precision is not None:
+        notes.append(
+            CellNote(PRECISION_NOT_REACHED, f"±{c.precision:.1%} at {c.measured_s or 0:g} s")
+        )
+    if drift_noted(
+        c.drift,
+        c.total_tok_s,
+        c.total_tok_s_ci,
+        c.measured_s,
+        c.duration_s,
+        early_end=c.precision is not None,
+    ):
+        assert c.drift is not None
+        way = "fell" if c.drift < 0 else "rose"
+        notes.append(CellNote(DRIFT, f"{way} {abs(c.drift):.1%}"))
+    if c.little_residual is not None and abs(c.little_residual) > LITTLE_TOLERANCE:
+        held = c.concurrency * (1 + c.little_residual)
+        notes.append(
+            CellNote(
+                IN_FLIGHT,
+                f"{held:.2f} of {c.concurrency} on average, {c.little_residual:+.1%}".replace(
+                    "-", "−"
+                ),
+            )
+        )
+    return notes
+
+
+def cell_flags(c: CellRecord) -> list[str]:
+    """A cell's notes in short, for its own row: ``queued: 11.2 < 16``, ``drift: fell 2.3%``.
+    An estimate of tokens is only named (the cell's notes say how it was made)."""
+    named = (TOKENS_ESTIMATED, CHUNK_COUNT)
+    return [
+        n.kind.short if n.kind in named else f"{n.kind.short}: {n.detail}" for n in cell_notes(c)
+    ]
+
+
+def by_kind(cells: Iterable[CellRecord]) -> list[tuple[NoteKind, list[tuple[str, str]]]]:
+    """Each kind that concerns some cell, once, with those cells: (id, detail), in order."""
+    found: dict[NoteKind, list[tuple[str, str]]] = {}
+    for c in cells:
+        for n in cell_notes(c):
+            found.setdefault(n.kind, []).append((str(c.id), n.detail))
+    return [(kind, found[kind]) for kind in KINDS if kind in found]
+
+
+def which(concerned: list[tuple[str, str]], quote: str = "") -> str:
+    """``decode[8K-c1] (0.81 of 1 on average), decode[8K-c2] (…)``."""
+    return ", ".join(
+        f"{quote}{cid}{quote}" + (f" ({detail})" if detail else "") for cid, detail in concerned
+    )
+
+
+def note_lines(cells: Iterable[CellRecord], indent: str = "  ") -> list[str]:
+    """The summary's notes on cells: one line per kind, ``heading: the cells (their figure)``."""
+    return [f"{indent}{kind.heading}: {which(concerned)}" for kind, concerned in by_kind(cells)]

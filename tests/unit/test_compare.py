@@ -1,0 +1,67 @@
+"""Comparing two runs cell by cell, as pure functions (the runs themselves:
+tests/plugin/test_compare.py)."""
+
+import dataclasses
+from pathlib import Path
+
+from pytest_llmspeed.report.compare import Verdict, compare, lines, markdown, summary_line
+from pytest_llmspeed.report.page import render_page
+from pytest_llmspeed.results import CellId, CellRecord, Results, Status, load
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "v1" / "results.json"
+
+
+def matrix(
+    over: set[tuple[int, int]],
+    too_long: set[tuple[int, int]],
+    contexts: tuple[int, ...] = (8, 16, 32, 64),
+    speed: float = 1.0,
+) -> Results:
+    """0.1.0's run with a decode matrix of ``contexts`` (K) × 8 concurrencies: figures (× speed)
+    where a cell fits, over capacity or too long where the arithmetic skips it."""
+    results = load(DATA)
+    template = next(c for c in results.cells if c.id == CellId.decode(1024, 8))
+    cells: list[CellRecord] = []
+    for k in contexts:
+        for n in (1, 2, 4, 8, 16, 32, 64, 128):
+            cid = CellId.decode(k * 1024, n)
+            if (k, n) in over or (k, n) in too_long:
+                status = Status.OVER_CAPACITY if (k, n) in over else Status.DOES_NOT_FIT
+                cells.append(CellRecord(id=cid, status=status, reason=status.label))
+            else:
+                cells.append(dataclasses.replace(template, id=cid, total_tok_s=100.0 * n * speed))
+    return dataclasses.replace(results, cells=tuple(cells))
+
+
+OVER = {(k, n) for k in (32, 64) for n in (64, 128)} | {(16, 128)}
+
+
+def test_cells_over_capacity_in_both_runs_are_named_so():
+    cmp = compare(matrix(OVER, set()), matrix(OVER, set()))
+    over = [c for c in cmp.cells if c.verdict is Verdict.OVER_CAPACITY]
+    assert sorted(c.cid for c in over) == sorted(str(CellId.decode(k * 1024, n)) for k, n in OVER)
+    assert all(c.change is None and c.why == "" for c in over)
+    assert cmp.count(Verdict.NOT_MEASURED) == 0
+    assert summary_line(cmp) == "32 cell(s): 27 within noise, 5 over capacity in both"
+    assert "  32 cell(s): 27 within noise, 5 over capacity in both" in lines(cmp, "old.json")
+    table = markdown(cmp, "old.json", "new.json")
+    assert "| over capacity |" in table and "not measured" not in table
+
+
+def test_a_cell_skipped_in_one_run_only_or_for_two_reasons_is_not_measured_in_both():
+    old = matrix(OVER | {(8, 128)}, {(64, 32)})
+    new = matrix(OVER - {(32, 64)}, {(8, 128), (64, 32)})
+    by = {c.cid: c for c in compare(old, new).cells}
+    assert by["decode[8K-c128]"].verdict is Verdict.NOT_MEASURED
+    assert by["decode[8K-c128]"].why == "over capacity (old), exceeds max_model_len (new)"
+    assert by["decode[32K-c64]"].verdict is Verdict.NOT_MEASURED  # measured in the new run
+    assert by["decode[64K-c32]"].verdict is Verdict.TOO_LONG
+    assert by["decode[64K-c64]"].verdict is Verdict.OVER_CAPACITY
+
+
+def test_the_page_names_them_in_short_and_says_why_on_hover():
+    cmp = compare(matrix(OVER, set()), matrix(OVER, set()))
+    html = render_page(matrix(OVER, set()), cmp).html
+    section = html[html.index('id="comparison"') : html.index('id="prefill"')]
+    assert section.count(">over capacity</td>") == 5
+    assert 'title="over capacity in both"' in section and "not measured" not in section
