@@ -338,8 +338,8 @@ def pytest_terminal_summary(
             terminalreporter.write_line(run.redact(line))
     if run.settings.results:
         terminalreporter.write_line(f"results: {run.settings.results}")
-    if run.settings.html:
-        terminalreporter.write_line(f"page: {run.settings.html}")
+    for output, path in run.settings.outputs:
+        terminalreporter.write_line(f"{output.label}: {path}")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         text = summary(f"LLM speed: {run.server_line or run.header()[0]}", cells, run.notes)

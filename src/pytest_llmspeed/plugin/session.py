@@ -284,17 +284,17 @@ class LLMSpeedRun:
         return Results(self.run_info(), tuple(self.cells.values()))
 
     def write_results(self) -> None:
-        """Rewrite the results file and the page (after every cell: a run that dies keeps
-        what it measured)."""
-        if not (self.settings.results or self.settings.html):
+        """Rewrite the results file and the registered outputs asked for (after every cell:
+        a run that dies keeps what it measured)."""
+        if not (self.settings.results or self.settings.outputs):
             return
         results = self.results()
         if self.settings.results:
             results.dump(self.settings.results)
-        if self.settings.html:
-            from ..report.page import render_page
-
-            render_page(results, self.comparison(results)).write(self.settings.html)
+        if self.settings.outputs:
+            comparison = self.comparison(results)
+            for output, path in self.settings.outputs:
+                output.write(results, comparison, path)
 
     def comparison(self, results: Results | None = None) -> Comparison | None:
         """This run against the earlier one (--llm-compare), or None."""
