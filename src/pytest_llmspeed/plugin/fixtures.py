@@ -30,10 +30,10 @@ def _active_run(request: pytest.FixtureRequest) -> LLMSpeedRun:
     run = request.config.stash.get(RUN_KEY, None)
     if run is None:
         pytest.skip("pytest-llmspeed: no --llm-endpoint given")
-    if not run.started:
+    if not run.server.started:
         pytest.skip("pytest-llmspeed: the server was not probed (--collect-only?)")
-    if run.fatal:
-        pytest.fail(run.fatal, pytrace=False)
+    if run.server.fatal:
+        pytest.fail(run.server.fatal, pytrace=False)
     return run
 
 
@@ -54,8 +54,8 @@ class WarmPrefix:
 def llm_bench(request: pytest.FixtureRequest) -> Bench:
     """The connected benchmark (one event loop, one aiohttp session) for the whole run."""
     run = _active_run(request)
-    assert run.bench is not None
-    return run.bench
+    assert run.server.bench is not None
+    return run.server.bench
 
 
 @pytest.fixture(scope="session")
@@ -69,7 +69,7 @@ def _skip(run: LLMSpeedRun, cid: CellId, status: Status, reason: str) -> NoRetur
     """Record a cell that is not run, then skip its test with the reason."""
     from ..core.records import unmeasured_record
 
-    run.record(unmeasured_record(cid, status, reason, run.resolve(cid.context)))
+    run.store.record(unmeasured_record(cid, status, reason, run.server.resolve(cid.context)))
     pytest.skip(reason)
 
 
@@ -89,7 +89,7 @@ def llm_prefix(request: pytest.FixtureRequest) -> WarmPrefix:
         pytest.fail("llm_prefix needs a context: parametrize it (indirect=True)", pytrace=False)
     context = normalize_context(param)
     cid = CellId.prefill(context)
-    skip = run.skip(cid)
+    skip = run.server.skip(cid)
     if skip:
         _skip(run, cid, skip.status, skip.reason)
     try:
@@ -109,25 +109,14 @@ def llm_prefix(request: pytest.FixtureRequest) -> WarmPrefix:
     from ..core.records import unmeasured_record
 
     # failed outside the except block: no chained traceback in the report
-    run.record(unmeasured_record(cid, failure[0], failure[1], run.resolve(context)))
+    run.store.record(unmeasured_record(cid, failure[0], failure[1], run.server.resolve(context)))
     pytest.fail(failure[1] if failure[0] is Status.ERROR else f"{cid}: {failure[1]}", pytrace=False)
 
 
 def _stop_if_fatal(request: pytest.FixtureRequest, run: LLMSpeedRun, exc: Exception) -> None:
-    from ..core.errors import KeyRejected
-    from .messages import describe
-
-    if isinstance(exc, KeyRejected):
-        run.fatal = run.redact(f"stopped: {describe(exc)}")
-    elif run.server_exited():
-        run.fatal = run.redact(f"stopped: {run.server_exited()}\nResults measured so far are kept.")
-    elif not run.healthy():
-        run.fatal = run.redact(
-            f"stopped: the server at {run.base_url} stopped answering ({exc}). "
-            "Results measured so far are kept."
-        )
-    if run.fatal:
-        request.session.shouldstop = "pytest-llmspeed: " + run.fatal
+    fatal = run.server.unusable_after(exc)
+    if fatal:
+        request.session.shouldstop = "pytest-llmspeed: " + fatal
 
 
 class CellRunner:
@@ -145,11 +134,11 @@ class CellRunner:
         """The prefill cell's record (measured when the prefix was warmed), gated."""
         from ..core.records import prefill_record
 
-        record = self.run.cells[str(CellId.prefill(prefix.param))]
+        record = self.run.store.cells[str(CellId.prefill(prefix.param))]
 
         def again() -> CellRecord:
-            assert self.run.bench is not None
-            result = self.run.bench.prefill_again(prefix.tokens, prefix.prefill.max_tokens)
+            assert self.run.server.bench is not None
+            result = self.run.server.bench.prefill_again(prefix.tokens, prefix.prefill.max_tokens)
             return prefill_record(prefix.param, result)
 
         return self._finish(record, again)
@@ -158,13 +147,13 @@ class CellRunner:
         """Run the sustained-decode cell (prefix context, concurrency); fail on errors or on a
         confirmed miss of the baseline."""
         cid = CellId.decode(prefix.param, concurrency)
-        skip = self.run.skip(cid)
+        skip = self.run.server.skip(cid)
         if skip:
             _skip(self.run, cid, skip.status, skip.reason)
         record = self._measure(cid, prefix)
         if record.status is not Status.VALID:
             assert record.reason is not None
-            self.run.record(record)
+            self.run.store.record(record)
             self._attach(record)
             from ..core.errors import LLMSpeedError
 
@@ -197,7 +186,7 @@ class CellRunner:
         if error is not None:  # failed outside the except block: no chained traceback
             msg = self.run.redact(describe(error))
             rec = unmeasured_record(cid, Status.ERROR, msg)
-            self.run.record(rec)
+            self.run.store.record(rec)
             self._attach(rec)
             pytest.fail(msg, pytrace=False)
         record = decode_record(prefix.param, result)
@@ -243,13 +232,14 @@ class CellRunner:
         from . import benchmark
 
         run = self.run
-        if run.baseline is not None:
-            entry = run.baseline.cells.get(str(record.id))
+        baseline = run.gate.baseline
+        if baseline is not None:
+            entry = baseline.cells.get(str(record.id))
             attempts = [record]
             while wants_another(entry, attempts, run.settings.confirm):
                 attempts.append(again())
             record = gated(record, verdict(entry, attempts), attempts)
-        run.record(record)
+        run.store.record(record)
         self._attach(record)
         benchmark.report(self.request, record)
         if record.gate is not None and record.gate.regressions:
