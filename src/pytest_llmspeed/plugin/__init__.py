@@ -2,7 +2,9 @@
 
 Installed but not asked for (no ``--llm-endpoint``, no ``llm_endpoint`` ini key, no
 ``LLMSPEED_ENDPOINT``), the plugin registers its options, markers and fixtures and does nothing
-else: no network, no heavy import.
+else: no network, no heavy import. With an endpoint, it still starts nothing until collection
+is over: the server is probed, the simulator or the ``--llm-serve`` command started, only when
+a selected test needs them (the built-in suite, or a test that uses an ``llm_*`` fixture).
 """
 
 from __future__ import annotations
@@ -38,38 +40,37 @@ def pytest_configure(config: pytest.Config) -> None:
     if settings.endpoint_of(config) is None:
         return
     conf = settings.load(config)
-    from ..gate.baseline import BaselineError
-
     if getattr(config.option, "numprocesses", None) or getattr(config.option, "dist", "no") != "no":
         raise pytest.UsageError(
             "pytest-llmspeed measures one cell at a time: two cells at once on one server give "
             "numbers that lie. Run without pytest-xdist (drop -n / --dist)."
         )
-    from ..results import ResultsError
+    from .progress import ProgressReporter
     from .session import LLMSpeedRun
 
     try:
         config.stash[RUN_KEY] = LLMSpeedRun(conf)
-        from .progress import ProgressReporter
+    except ValueError as exc:  # a file that cannot be read (imported only then)
+        from ..gate.baseline import BaselineError
+        from ..results import ResultsError
 
-        config.pluginmanager.register(ProgressReporter(config), "llmspeed-progress")
-    except ResultsError as exc:
-        raise pytest.UsageError(f"--llm-compare: {exc}") from None
-    except BaselineError as exc:
-        text = str(exc)
-        if text.endswith("baseline file not found"):
-            text += f". Create one with --llm-save-baseline={conf.baseline}"
-        raise pytest.UsageError(f"--llm-baseline: {text}") from None
+        if isinstance(exc, ResultsError):
+            raise pytest.UsageError(f"--llm-compare: {exc}") from None
+        if isinstance(exc, BaselineError):
+            text = str(exc)
+            if text.endswith("baseline file not found"):
+                text += f". Create one with --llm-save-baseline={conf.baseline}"
+            raise pytest.UsageError(f"--llm-baseline: {text}") from None
+        raise
+    config.pluginmanager.register(ProgressReporter(config), "llmspeed-progress")
 
 
 def _run(config: pytest.Config) -> LLMSpeedRun | None:
     return config.stash.get(RUN_KEY, None)
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    run = _run(session.config)
-    if run is None or session.config.option.collectonly:
-        return
+def _start(run: LLMSpeedRun) -> None:
+    """Start the server for the selected tests; a failure stops the run before any cell."""
     problem = run.start_or_say_why()
     if problem:
         raise pytest.UsageError(problem)
@@ -78,6 +79,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run = _run(session.config)
     if run is None:
+        return
+    if exitstatus == pytest.ExitCode.USAGE_ERROR:  # nothing ran: nothing to gate or write
+        run.stop()
         return
     interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
     if run.gate.fails_session(interrupted) and session.exitstatus in (
@@ -108,11 +112,6 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
             "kv_capacity": info.kv_capacity,
             "kv_capacity_source": info.kv_capacity_source,
         }
-
-
-def pytest_report_header(config: pytest.Config) -> list[str] | None:
-    run = _run(config)
-    return run.server.header() if run is not None else None
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -187,18 +186,26 @@ def pytest_collection_modifyitems(
         else:
             cid = CellId.prefill(context)
         item.stash[CELL_KEY] = cid
-        skip = run.server.skip(cid)
-        if skip:
-            item.add_marker(pytest.mark.skip(reason=skip.reason))
 
 
+@pytest.hookimpl(tryfirst=True)  # before the terminal reporter writes "collected N items"
 def pytest_collection_finish(session: pytest.Session) -> None:
+    """Collection is over (after -m, -k, --deselect): start the server if a selected test
+    needs it, skip the cells it cannot hold, and plan the progress lines."""
     run = _run(session.config)
     if run is None:
         return
     run.selection.choose(session.items)
+    if not run.selection.needs_server or session.config.option.collectonly:
+        return  # no network, nothing started
+    _start(run)
+    for item in session.items:
+        cid = item.stash.get(CELL_KEY, None)
+        skip = run.server.skip(cid) if cid is not None else None
+        if skip:
+            item.add_marker(pytest.mark.skip(reason=skip.reason))
     cells = run.selection.cells
-    if run.server.started and session.config.getoption("verbose") >= 0 and cells:
+    if session.config.getoption("verbose") >= 0 and cells:
         from .progress import Progress
 
         progress = Progress(
@@ -211,8 +218,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_report_collectionfinish(config: pytest.Config) -> list[str] | None:
+    """The rule that added or left out the built-in suite; then, when a selected test needs
+    the server, what it is (the header a session that measures nothing does without)."""
     run = _run(config)
-    return [f"llmspeed: {run.selection.rule}"] if run is not None and run.selection.rule else None
+    if run is None or not run.selection.rule:
+        return None
+    lines = [f"llmspeed: {run.selection.rule}"]
+    if run.selection.needs_server and config.getoption("verbose") >= 0:
+        lines += run.server.header()
+    return lines
 
 
 @pytest.hookimpl(wrapper=True)

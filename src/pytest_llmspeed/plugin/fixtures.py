@@ -30,8 +30,10 @@ def _active_run(request: pytest.FixtureRequest) -> LLMSpeedRun:
     run = request.config.stash.get(RUN_KEY, None)
     if run is None:
         pytest.skip("pytest-llmspeed: no --llm-endpoint given")
-    if not run.server.started:
-        pytest.skip("pytest-llmspeed: the server was not probed (--collect-only?)")
+    if not run.server.started and run.server.fatal is None:
+        problem = run.start_or_say_why()  # a test asked for the server at run time
+        if problem:
+            request.session.shouldstop = problem
     if run.server.fatal:
         pytest.fail(run.server.fatal, pytrace=False)
     return run

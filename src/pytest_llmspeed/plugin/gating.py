@@ -134,10 +134,10 @@ class GateSession:
 
     def save(self) -> str | None:
         """--llm-save-baseline: write this run's cells as a baseline; what was done, in words."""
-        from ..gate.baseline import dump
-
         if not self.settings.save_baseline or not self._store.cells:
             return None
+        from ..gate.baseline import dump
+
         info = self._server.info
         run = {
             **self.comparable(),

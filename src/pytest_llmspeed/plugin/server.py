@@ -1,5 +1,5 @@
 """The server under test, over one session: started (the simulator, the ``--llm-serve``
-command), connected and probed at the session's start, stopped at the end.
+command), connected and probed when a selected test first needs it, stopped at the end.
 
 What the probe found (the server's identity, the dialect, the prompt factory) is kept after
 the server stops: the results written at the session's end still say what was measured.

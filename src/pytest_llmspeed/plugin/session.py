@@ -5,8 +5,8 @@
 - ``gate`` (:mod:`.gating`): the baseline, the warm-ups gated at the end, the accounting;
 - ``selection`` (:mod:`.selection`): the built-in suite's rule, the selected cells.
 
-Created at configure time (no network, no heavy import); the server is started at the
-session's start.
+Created at configure time (no network, no heavy import); the server is started only once
+collection shows that a selected test needs it (or when a test first asks for it).
 """
 
 from __future__ import annotations
