@@ -3,7 +3,9 @@
     python -m pytest_llmspeed report RESULTS.json -o PAGE.html
     python -m pytest_llmspeed compare OLD.json NEW.json [--html PAGE.html] [--markdown OUT.md]
 
-Reads any results file pytest-llmspeed has written (``results.load``). Exit status: 0, or 1
+The formats a run can be written as are those of ``report.outputs`` (``-o`` picks one by the
+file's suffix, ``compare`` has an option for each). Reads any results file pytest-llmspeed has
+written (``results.load``). Exit status: 0, or 1
 when ``compare`` finds a regression, 2 on bad input (one line saying what and what to do).
 No pytest import.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .report.outputs import OUTPUTS, by_suffix
 from .results import ResultsError, load
 
 
@@ -24,11 +27,22 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     report = sub.add_parser("report", help="render the page of a results file")
     report.add_argument("results", help="a results file (--llm-results)")
-    report.add_argument("-o", "--output", required=True, help="the HTML page to write")
+    report.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="the file to write; its suffix picks the format: "
+        + "; ".join(f"{o.suffix} {o.help}" for o in OUTPUTS),
+    )
     cmp = sub.add_parser("compare", help="compare two runs, cell by cell")
     cmp.add_argument("old", help="the earlier results file (before the upgrade)")
     cmp.add_argument("new", help="the later results file (after the upgrade)")
-    cmp.add_argument("--html", help="also write the new run's page with the comparison")
+    for output in OUTPUTS:
+        cmp.add_argument(
+            f"--{output.key}",
+            dest=output.dest,
+            help=f"also write {output.help} of the new run, with the comparison",
+        )
     cmp.add_argument("--markdown", help="also write the comparison as Markdown")
     cmp.add_argument(
         "--tolerance", type=float, default=0.05, help="smallest change called a regression"
@@ -46,11 +60,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from .report.compare import compare, lines, markdown
-    from .report.page import render_page
 
     if args.command == "report":
-        render_page(load(args.results)).write(args.output)
-        print(f"page: {args.output}")
+        output = by_suffix(args.output)
+        output.write(load(args.results), None, args.output)
+        print(f"{output.label}: {args.output}")
         return 0
     old, new = load(args.old), load(args.new)
     result = compare(old, new, args.tolerance)
@@ -60,9 +74,11 @@ def _run(args: argparse.Namespace) -> int:
         with open(args.markdown, "w", encoding="utf-8") as fh:
             fh.write(markdown(result, args.old, args.new))
         print(f"markdown: {args.markdown}")
-    if args.html:
-        render_page(new, result).write(args.html)
-        print(f"page: {args.html}")
+    for output in OUTPUTS:
+        path = getattr(args, output.dest)
+        if path:
+            output.write(new, result, path)
+            print(f"{output.label}: {path}")
     return 1 if result.regressions else 0
 
 

@@ -242,7 +242,7 @@ from pytest_llmspeed.plugin.stash import RUN_KEY
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_call(item):  # after the decode cell's warm-up (its setup), before the cell
-    url = item.config.stash[RUN_KEY].base_url + "/sim/faults"
+    url = item.config.stash[RUN_KEY].server.base_url + "/sim/faults"
     faults = {faults!r} if {cell!r} in item.nodeid else "none"
     body = json.dumps({{"faults": faults}}).encode()
     urllib.request.urlopen(urllib.request.Request(url, data=body, method="PUT"))

@@ -28,7 +28,7 @@ from pytest_llmspeed.plugin.stash import RUN_KEY
 def put(run, faults):
     body = json.dumps({{"faults": faults}}).encode()
     urllib.request.urlopen(
-        urllib.request.Request(run.base_url + "/sim/faults", data=body, method="PUT")
+        urllib.request.Request(run.server.base_url + "/sim/faults", data=body, method="PUT")
     )
 
 

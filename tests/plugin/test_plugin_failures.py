@@ -65,10 +65,16 @@ def test_prompt_the_server_refuses_fails_the_cell_with_its_reason(results_doc, p
         from pytest_llmspeed.plugin.stash import RUN_KEY
 
         @pytest.hookimpl(trylast=True)
-        def pytest_sessionstart(session):
-            run = session.config.stash[RUN_KEY]
-            run.bench.server.max_model_len = None
-            run.skip = lambda *a: None
+        def pytest_configure(config):
+            server = config.stash[RUN_KEY].server
+            start = server.start
+
+            def start_without_max_model_len():
+                start()
+                server.info.max_model_len = None
+                server.skip = lambda *a: None
+
+            server.start = start_without_max_model_len
         """
     )
     result = pytester.runpytest(

@@ -265,8 +265,9 @@ CELLS = ["prefill[8K]", "decode[8K-c1]", "decode[8K-c2]", "decode[8K-c4]"]
 
 
 def cells_part(lines):
-    """The lines between the header (the built-in suite's rule) and the summary."""
-    first = next(i for i, ln in enumerate(lines) if ln.startswith("llmspeed: built-in suite"))
+    """The lines between the header (the built-in suite's rule, then the server's two lines,
+    printed once the server starts after collection) and the summary."""
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("llmspeed: api "))
     last = next(i for i, ln in enumerate(lines) if "= llmspeed =" in ln)
     return lines[first + 1 : last]
 

@@ -144,7 +144,7 @@ def test_a_server_killed_in_a_cell_stops_the_run_and_keeps_what_was_measured(res
         @pytest.hookimpl(tryfirst=True)
         def pytest_runtest_call(item):
             if item.name == "test_decode[1K-c2]":  # the second cell: kill its server now
-                os.killpg(item.config.stash[RUN_KEY].server.pid, signal.SIGKILL)
+                os.killpg(item.config.stash[RUN_KEY].server.launched.pid, signal.SIGKILL)
         """
     )
     result = pytester.runpytest(

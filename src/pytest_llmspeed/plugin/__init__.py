@@ -2,13 +2,14 @@
 
 Installed but not asked for (no ``--llm-endpoint``, no ``llm_endpoint`` ini key, no
 ``LLMSPEED_ENDPOINT``), the plugin registers its options, markers and fixtures and does nothing
-else: no network, no heavy import.
+else: no network, no heavy import. With an endpoint, it still starts nothing until collection
+is over: the server is probed, the simulator or the ``--llm-serve`` command started, only when
+a selected test needs them (the built-in suite, or a test that uses an ``llm_*`` fixture).
 """
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,87 +40,69 @@ def pytest_configure(config: pytest.Config) -> None:
     if settings.endpoint_of(config) is None:
         return
     conf = settings.load(config)
-    from ..gate.baseline import BaselineError
-
     if getattr(config.option, "numprocesses", None) or getattr(config.option, "dist", "no") != "no":
         raise pytest.UsageError(
             "pytest-llmspeed measures one cell at a time: two cells at once on one server give "
             "numbers that lie. Run without pytest-xdist (drop -n / --dist)."
         )
-    from ..results import ResultsError
+    from .progress import ProgressReporter
     from .session import LLMSpeedRun
 
     try:
         config.stash[RUN_KEY] = LLMSpeedRun(conf)
-        from .progress import ProgressReporter
+    except ValueError as exc:  # a file that cannot be read (imported only then)
+        from ..gate.baseline import BaselineError
+        from ..results import ResultsError
 
-        config.pluginmanager.register(ProgressReporter(config), "llmspeed-progress")
-    except ResultsError as exc:
-        raise pytest.UsageError(f"--llm-compare: {exc}") from None
-    except BaselineError as exc:
-        text = str(exc)
-        if text.endswith("baseline file not found"):
-            text += f". Create one with --llm-save-baseline={conf.baseline}"
-        raise pytest.UsageError(f"--llm-baseline: {text}") from None
+        if isinstance(exc, ResultsError):
+            raise pytest.UsageError(f"--llm-compare: {exc}") from None
+        if isinstance(exc, BaselineError):
+            text = str(exc)
+            if text.endswith("baseline file not found"):
+                text += f". Create one with --llm-save-baseline={conf.baseline}"
+            raise pytest.UsageError(f"--llm-baseline: {text}") from None
+        raise
+    config.pluginmanager.register(ProgressReporter(config), "llmspeed-progress")
 
 
 def _run(config: pytest.Config) -> LLMSpeedRun | None:
     return config.stash.get(RUN_KEY, None)
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    run = _run(session.config)
-    if run is None or session.config.option.collectonly:
-        return
-    from ..core.errors import LLMSpeedError
-    from .messages import describe
-
-    try:
-        run.start()
-    except LLMSpeedError as exc:
-        raise pytest.UsageError(run.redact(f"pytest-llmspeed: {describe(exc)}")) from None
-    except ValueError as exc:
-        raise pytest.UsageError(run.redact(f"pytest-llmspeed: {exc}")) from None
+def _start(run: LLMSpeedRun) -> None:
+    """Start the server for the selected tests; a failure stops the run before any cell."""
+    problem = run.start_or_say_why()
+    if problem:
+        raise pytest.UsageError(problem)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run = _run(session.config)
     if run is None:
         return
-    if run.started and run.baseline is not None:
-        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
-        run.gate_warmups(remeasure=not interrupted)
-        acc = run.accounting()
-        failing = acc is not None and (
-            any(c in acc.regressed for c in _warmup_cells(run))
-            or (acc.not_run and run.settings.baseline_missing == "fail")
-        )
-        if failing and session.exitstatus in (
-            pytest.ExitCode.OK,
-            pytest.ExitCode.NO_TESTS_COLLECTED,
-        ):
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    saved = run.save_baseline()
+    if exitstatus == pytest.ExitCode.USAGE_ERROR:  # nothing ran: nothing to gate or write
+        run.stop()
+        return
+    interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
+    if run.gate.fails_session(interrupted) and session.exitstatus in (
+        pytest.ExitCode.OK,
+        pytest.ExitCode.NO_TESTS_COLLECTED,
+    ):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    saved = run.gate.save()
     if saved:
-        run.notes.append(saved)
-    if run.started:
-        run.write_results()  # the notes of the session's end reach the file and the page
+        run.store.note(saved)
+    if run.server.started:
+        run.store.write()  # the notes of the session's end reach the file and the page
     run.stop()
-
-
-def _warmup_cells(run: LLMSpeedRun) -> list[str]:
-    """Cells gated at the session's end (no test of their own ran)."""
-    from ..report.terminal import WARMUP_NOTE
-
-    return [cid for cid, c in run.cells.items() if WARMUP_NOTE in c.notes]
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
     """The server under test is the machine of an LLM speed test."""
     run = _run(config)
-    if run is not None and run.started:
-        info = run.run_info()
+    if run is not None and run.server.started:
+        info = run.store.run_info()
         machine_info["llm_server"] = {
             "endpoint": info.endpoint,
             "model": info.model,
@@ -129,11 +112,6 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
             "kv_capacity": info.kv_capacity,
             "kv_capacity_source": info.kv_capacity_source,
         }
-
-
-def pytest_report_header(config: pytest.Config) -> list[str] | None:
-    run = _run(config)
-    return run.header() if run is not None else None
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -180,41 +158,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         )
 
 
-_SUITE_MARKERS = re.compile(r"\b(decode|prefill|llmspeed)\b")
-_FIXTURES = frozenset({"llm_cell", "llm_prefix", "llm_bench", "llm_server", "llm_concurrency"})
-
-
-def suite_rule(config: pytest.Config, items: list[pytest.Item]) -> tuple[bool, str]:
-    """Add the built-in suite? And the rule that decided, in words (shown after collection)."""
-    run = _run(config)
-    assert run is not None
-    mode = run.settings.builtin_suite
-    if mode != "auto":
-        return (
-            mode == "always",
-            f"built-in suite {'added' if mode == 'always' else 'left out'} "
-            f"(--llm-builtin-suite={mode})",
-        )
-    own = [i for i in items if _FIXTURES & set(getattr(i, "fixturenames", ()))]
-    if own:
-        return False, (
-            f"built-in suite left out: {len(own)} test(s) of yours use the llm_* fixtures "
-            "(--llm-builtin-suite=always adds it)"
-        )
-    if not items:
-        return True, "built-in suite added: no test of yours was collected"
-    markexpr = config.getoption("markexpr", "") or ""
-    if _SUITE_MARKERS.search(markexpr):
-        return True, f"built-in suite added: -m {markexpr!r} names its markers"
-    if config.getoption(settings.OPTIONS[0].dest, None):
-        return True, "built-in suite added: --llm-endpoint given on the command line"
-    return False, (
-        "built-in suite left out: the endpoint comes from the ini file or the environment and "
-        "the command asks for no speed test (run with -m decode, -m llmspeed or "
-        "--llm-builtin-suite=always)"
-    )
-
-
 def _suite_nodeid(config: pytest.Config) -> str:
     """``llmspeed`` in the folder where pytest was started: pytest shows a location relative
     to that folder, so the built-in suite reads ``llmspeed::test_decode[8K-c1]`` wherever the
@@ -233,8 +176,7 @@ def pytest_collection_modifyitems(
     run = _run(config)
     if run is None:
         return
-    add, run.suite_rule = suite_rule(config, items)
-    if add:
+    if run.selection.add_suite(config, items):
         from . import suite
 
         module = pytest.Module.from_parent(
@@ -257,30 +199,47 @@ def pytest_collection_modifyitems(
         else:
             cid = CellId.prefill(context)
         item.stash[CELL_KEY] = cid
-        skip = run.skip(cid)
-        if skip:
-            item.add_marker(pytest.mark.skip(reason=skip.reason))
 
 
+@pytest.hookimpl(tryfirst=True)  # before the terminal reporter writes "collected N items"
 def pytest_collection_finish(session: pytest.Session) -> None:
+    """Collection is over (after -m, -k, --deselect): start the server if a selected test
+    needs it, skip the cells it cannot hold, and plan the progress lines."""
     run = _run(session.config)
     if run is None:
         return
-    cells = [i.stash[CELL_KEY] for i in session.items if CELL_KEY in i.stash]
-    run.selected = {str(c) for c in cells}
-    run.node_cells = {i.nodeid: i.stash[CELL_KEY] for i in session.items if CELL_KEY in i.stash}
-    if run.started and session.config.getoption("verbose") >= 0 and cells:
+    run.selection.choose(session.items)
+    if not run.selection.needs_server or session.config.option.collectonly:
+        return  # no network, nothing started
+    _start(run)
+    for item in session.items:
+        cid = item.stash.get(CELL_KEY, None)
+        skip = run.server.skip(cid) if cid is not None else None
+        if skip:
+            item.add_marker(pytest.mark.skip(reason=skip.reason))
+    cells = run.selection.cells
+    if session.config.getoption("verbose") >= 0 and cells:
         from .progress import Progress
 
-        run.progress = Progress(
+        progress = Progress(
             run.settings.duration, len(cells), early_end=run.settings.precision is not None
         )
-        run.progress.plan = [(c, run.resolve(c.context), run.skip(c) is not None) for c in cells]
+        progress.plan = [
+            (c, run.server.resolve(c.context), run.server.skip(c) is not None) for c in cells
+        ]
+        run.show_progress(progress)
 
 
 def pytest_report_collectionfinish(config: pytest.Config) -> list[str] | None:
+    """The rule that added or left out the built-in suite; then, when a selected test needs
+    the server, what it is (the header a session that measures nothing does without)."""
     run = _run(config)
-    return [f"llmspeed: {run.suite_rule}"] if run is not None and run.suite_rule else None
+    if run is None or not run.selection.rule:
+        return None
+    lines = [f"llmspeed: {run.selection.rule}"]
+    if run.selection.needs_server and config.getoption("verbose") >= 0:
+        lines += run.server.header()
+    return lines
 
 
 @pytest.hookimpl(wrapper=True)
@@ -291,7 +250,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if cid is not None and run is not None and excinfo is not None and call.when == "setup":
         if excinfo.errisinstance(pytest.skip.Exception):
             _record_skip(run, item, cid, str(excinfo.value))
-        elif str(cid) not in run.cells and run.started:
+        elif str(cid) not in run.store.cells and run.server.started:
             _record_not_run(run, item, cid, str(excinfo.value))
     return (yield)
 
@@ -303,8 +262,8 @@ def _record_not_run(run: LLMSpeedRun, item: pytest.Item, cid: CellId, message: s
     from ..results import Status
 
     reason = run.redact(message.removeprefix("Failed: ").strip().splitlines()[0] if message else "")
-    record = unmeasured_record(cid, Status.NOT_RUN, reason, run.resolve(cid.context))
-    run.record(record)
+    record = unmeasured_record(cid, Status.NOT_RUN, reason, run.server.resolve(cid.context))
+    run.store.record(record)
     item.user_properties.extend(record.properties())
 
 
@@ -314,12 +273,12 @@ def _record_skip(run: LLMSpeedRun, item: pytest.Item, cid: CellId, message: str)
     from ..core.records import unmeasured_record
     from ..results import Status
 
-    record = run.cells.get(str(cid))
+    record = run.store.cells.get(str(cid))
     if record is None:
-        skip = run.skip(cid)
+        skip = run.server.skip(cid)
         status, reason = (skip.status, skip.reason) if skip else (Status.NOT_RUN, message)
-        record = unmeasured_record(cid, status, reason, run.resolve(cid.context))
-        run.record(record)
+        record = unmeasured_record(cid, status, reason, run.server.resolve(cid.context))
+        run.store.record(record)
     item.user_properties.extend(record.properties())
 
 
@@ -327,38 +286,39 @@ def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
 ) -> None:
     run = _run(config)
-    if run is None or not run.cells:
+    if run is None or not run.store.cells:
         return
     from ..report.markdown import summary
     from ..report.terminal import gate_lines, render
 
+    store, s = run.store, run.settings
     width = config.get_terminal_writer().fullwidth
     terminalreporter.section("llmspeed")
     verbose = config.getoption("verbose") > 0
-    cells = list(run.cells.values())
-    for line in render(cells, width, verbose, run.notes):
+    cells = list(store.cells.values())
+    for line in render(cells, width, verbose, store.notes):
         terminalreporter.write_line(run.redact(line))
-    acc = run.accounting()
-    if run.baseline is not None and acc is not None:
-        missing_fails = run.settings.baseline_missing == "fail"
-        for line in gate_lines(run.baseline.path, acc, missing_fails):
+    baseline, acc = run.gate.baseline, run.gate.accounting()
+    if baseline is not None and acc is not None:
+        for line in gate_lines(baseline.path, acc, s.baseline_missing == "fail"):
             terminalreporter.write_line(run.redact(line))
-    comparison = run.comparison()
-    if comparison is not None and run.settings.compare:
+    comparison = store.comparison()
+    if comparison is not None and s.compare:
         from ..report.compare import lines as compare_lines
 
-        for line in compare_lines(comparison, run.settings.compare):
+        for line in compare_lines(comparison, s.compare):
             terminalreporter.write_line(run.redact(line))
-    if run.settings.results:
-        terminalreporter.write_line(f"results: {run.settings.results}")
-    if run.settings.html:
-        terminalreporter.write_line(f"page: {run.settings.html}")
+    if s.results:
+        terminalreporter.write_line(f"results: {s.results}")
+    for output, path in s.outputs:
+        terminalreporter.write_line(f"{output.label}: {path}")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
-        text = summary(f"LLM speed: {run.server_line or run.header()[0]}", cells, run.notes)
-        if comparison is not None and run.settings.compare:
+        title = run.server.server_line or run.server.header()[0]
+        text = summary(f"LLM speed: {title}", cells, store.notes)
+        if comparison is not None and s.compare:
             from ..report.compare import markdown
 
-            text += "\n" + markdown(comparison, run.settings.compare, "this run")
+            text += "\n" + markdown(comparison, s.compare, "this run")
         with open(step_summary, "a", encoding="utf-8") as fh:
             fh.write(run.redact(text))

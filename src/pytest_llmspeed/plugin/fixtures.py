@@ -30,10 +30,12 @@ def _active_run(request: pytest.FixtureRequest) -> LLMSpeedRun:
     run = request.config.stash.get(RUN_KEY, None)
     if run is None:
         pytest.skip("pytest-llmspeed: no --llm-endpoint given")
-    if not run.started:
-        pytest.skip("pytest-llmspeed: the server was not probed (--collect-only?)")
-    if run.fatal:
-        pytest.fail(run.fatal, pytrace=False)
+    if not run.server.started and run.server.fatal is None:
+        problem = run.start_or_say_why()  # a test asked for the server at run time
+        if problem:
+            request.session.shouldstop = problem
+    if run.server.fatal:
+        pytest.fail(run.server.fatal, pytrace=False)
     return run
 
 
@@ -54,8 +56,8 @@ class WarmPrefix:
 def llm_bench(request: pytest.FixtureRequest) -> Bench:
     """The connected benchmark (one event loop, one aiohttp session) for the whole run."""
     run = _active_run(request)
-    assert run.bench is not None
-    return run.bench
+    assert run.server.bench is not None
+    return run.server.bench
 
 
 @pytest.fixture(scope="session")
@@ -69,7 +71,7 @@ def _skip(run: LLMSpeedRun, cid: CellId, status: Status, reason: str) -> NoRetur
     """Record a cell that is not run, then skip its test with the reason."""
     from ..core.records import unmeasured_record
 
-    run.record(unmeasured_record(cid, status, reason, run.resolve(cid.context)))
+    run.store.record(unmeasured_record(cid, status, reason, run.server.resolve(cid.context)))
     pytest.skip(reason)
 
 
@@ -90,7 +92,7 @@ def llm_prefix(request: pytest.FixtureRequest) -> WarmPrefix:
         pytest.fail("llm_prefix needs a context: parametrize it (indirect=True)", pytrace=False)
     context = normalize_context(param)
     cid = CellId.prefill(context)
-    skip = run.skip(cid)
+    skip = run.server.skip(cid)
     if skip:
         _skip(run, cid, skip.status, skip.reason)
     try:
@@ -105,25 +107,14 @@ def llm_prefix(request: pytest.FixtureRequest) -> WarmPrefix:
 
     # failed outside the except block: no chained traceback in the report
     reason = run.redact(cell_words(status))
-    run.record(unmeasured_record(cid, status.status, reason, run.resolve(context)))
+    run.store.record(unmeasured_record(cid, status.status, reason, run.server.resolve(context)))
     pytest.fail(reason if status.status is Status.ERROR else f"{cid}: {reason}", pytrace=False)
 
 
 def _stop_if_fatal(request: pytest.FixtureRequest, run: LLMSpeedRun, exc: Exception) -> None:
-    from ..core.errors import KeyRejected
-    from .messages import describe
-
-    if isinstance(exc, KeyRejected):
-        run.fatal = run.redact(f"stopped: {describe(exc)}")
-    elif run.server_exited():
-        run.fatal = run.redact(f"stopped: {run.server_exited()}\nResults measured so far are kept.")
-    elif not run.healthy():
-        run.fatal = run.redact(
-            f"stopped: the server at {run.base_url} stopped answering ({exc}). "
-            "Results measured so far are kept."
-        )
-    if run.fatal:
-        request.session.shouldstop = "pytest-llmspeed: " + run.fatal
+    fatal = run.server.unusable_after(exc)
+    if fatal:
+        request.session.shouldstop = "pytest-llmspeed: " + fatal
 
 
 class CellRunner:
@@ -141,11 +132,11 @@ class CellRunner:
         """The prefill cell's record (measured when the prefix was warmed), gated."""
         from ..core.records import prefill_record
 
-        record = self.run.cells[str(CellId.prefill(prefix.param))]
+        record = self.run.store.cells[str(CellId.prefill(prefix.param))]
 
         def again() -> CellRecord:
-            assert self.run.bench is not None
-            result = self.run.bench.prefill_again(prefix.tokens, prefix.prefill.max_tokens)
+            assert self.run.server.bench is not None
+            result = self.run.server.bench.prefill_again(prefix.tokens, prefix.prefill.max_tokens)
             return prefill_record(prefix.param, result)
 
         return self._finish(record, again)
@@ -154,13 +145,13 @@ class CellRunner:
         """Run the sustained-decode cell (prefix context, concurrency); fail on errors or on a
         confirmed miss of the baseline."""
         cid = CellId.decode(prefix.param, concurrency)
-        skip = self.run.skip(cid)
+        skip = self.run.server.skip(cid)
         if skip:
             _skip(self.run, cid, skip.status, skip.reason)
         record = self._measure(cid, prefix)
         if record.status is not Status.VALID:
             assert record.reason is not None
-            self.run.record(record)
+            self.run.store.record(record)
             self._attach(record)
             from ..core.errors import LLMSpeedError
 
@@ -184,8 +175,8 @@ class CellRunner:
         from ..core.status import cell_status
         from .messages import cell_words
 
-        assert cid.concurrency is not None and self.run.bench is not None
-        max_error_rate = self.run.bench.config.max_error_rate
+        assert cid.concurrency is not None and self.run.server.bench is not None
+        max_error_rate = self.run.server.bench.config.max_error_rate
         outcome: DecodeResult | LLMSpeedError
         try:
             outcome = self.run.decode(prefix.tokens, cid.concurrency)
@@ -198,7 +189,7 @@ class CellRunner:
             # failed outside the except block: no chained traceback
             assert reason is not None
             rec = unmeasured_record(cid, status.status, reason)
-            self.run.record(rec)
+            self.run.store.record(rec)
             self._attach(rec)
             pytest.fail(
                 reason if status.status is Status.ERROR else f"{cid}: {reason}", pytrace=False
@@ -213,13 +204,14 @@ class CellRunner:
         from . import benchmark
 
         run = self.run
-        if run.baseline is not None:
-            entry = run.baseline.cells.get(str(record.id))
+        baseline = run.gate.baseline
+        if baseline is not None:
+            entry = baseline.cells.get(str(record.id))
             attempts = [record]
             while wants_another(entry, attempts, run.settings.confirm):
                 attempts.append(again())
             record = gated(record, verdict(entry, attempts), attempts)
-        run.record(record)
+        run.store.record(record)
         self._attach(record)
         benchmark.report(self.request, record)
         if record.gate is not None and record.gate.regressions:

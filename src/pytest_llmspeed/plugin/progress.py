@@ -237,9 +237,9 @@ class ProgressReporter:
         from .stash import RUN_KEY
 
         run = self.config.stash.get(RUN_KEY, None)
-        if run is None or run.progress is None or nodeid not in run.node_cells:
+        if run is None or run.progress is None or nodeid not in run.selection.node_cells:
             return None
-        return run.progress, run.node_cells[nodeid], run.cells
+        return run.progress, run.selection.node_cells[nodeid], run.store.cells
 
     @pytest.hookimpl(tryfirst=True)  # before pytest writes the test's name
     def pytest_runtest_logstart(self, nodeid: str) -> None:
@@ -317,4 +317,4 @@ class ProgressReporter:
 
         run = self.config.stash.get(RUN_KEY, None)
         if run is not None:
-            run.on_tick = on_tick
+            run.watch(on_tick)

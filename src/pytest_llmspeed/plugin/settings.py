@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from ..core.matrix import MatrixError, parse_concurrency, parse_contexts
+from ..report.outputs import OUTPUTS, Output
 
 DEFAULT_CONTEXTS = "8K,16K,32K,64K,128K,max"
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128"
@@ -122,11 +123,7 @@ OPTIONS: tuple[Option, ...] = (
         "read from /v1/models, else from /tokenize)",
     ),
     Option("results", "write JSON results to this path, rewritten after every cell"),
-    Option(
-        "html",
-        "write the speed-test page (one self-contained HTML file) to this path, rewritten "
-        "after every cell",
-    ),
+    *(Option(o.key, f"write {o.help} to this path, rewritten after every cell") for o in OUTPUTS),
     Option(
         "compare",
         "compare this run with an earlier results file: a verdict per cell in the summary, "
@@ -231,7 +228,8 @@ class Settings:
     baseline_strict: bool = False
     confirm: int = 1
     baseline_missing: str = "fail"
-    html: str | None = None
+    #: the registered outputs asked for (report/outputs.py), each with its path
+    outputs: tuple[tuple[Output, str], ...] = ()
     compare: str | None = None
     meta: tuple[tuple[str, str], ...] = ()
     launch_command: str | None = None
@@ -393,12 +391,15 @@ def load(config: pytest.Config) -> Settings:
         )
     if values["prefill_contexts"] is None:
         values["prefill_contexts"] = values["contexts"]
-    for key in ("results", "save_baseline", "html", "serve_log"):
-        if values[key] is not None:
-            opt = next(o for o in OPTIONS if o.dest == f"llm_{key}")
-            problem = unwritable(values[key])
+    paths = {o.key: values.pop(o.dest) for o in OUTPUTS}
+    values["outputs"] = tuple((o, paths[o.key]) for o in OUTPUTS if paths[o.key] is not None)
+    files = {k: values[k.replace("-", "_")] for k in ("results", "save-baseline", "serve-log")}
+    for name, path in (files | paths).items():
+        if path is not None:
+            opt = next(o for o in OPTIONS if o.name == name)
+            problem = unwritable(path)
             if problem:
-                raise _bad(raw_value(config, opt)[1], values[key], problem)
+                raise _bad(raw_value(config, opt)[1], path, problem)
     plan = values.pop("serve_plan", None)
     settings = Settings(**{k: v for k, v in values.items() if v is not None})
     return dataclasses.replace(settings, notes=tuple(notes), serve_plan=plan)

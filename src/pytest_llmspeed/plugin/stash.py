@@ -6,9 +6,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from ..results import CellId
-
 if TYPE_CHECKING:
+    from ..results import CellId
     from .session import LLMSpeedRun
 
 RUN_KEY: pytest.StashKey[LLMSpeedRun] = pytest.StashKey()

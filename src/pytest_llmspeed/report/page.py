@@ -421,6 +421,11 @@ def render_page(results: Results, comparison: Comparison | None = None) -> Page:
     return Page(html)
 
 
+def write(results: Results, comparison: Comparison | None, path: str) -> None:
+    """The page of a run written to ``path`` (registered in :mod:`.outputs`)."""
+    render_page(results, comparison).write(path)
+
+
 def _markup(svg: str) -> Any:
     """SVG made by :mod:`.charts` (which escapes every text it puts in) as safe markup."""
     import markupsafe

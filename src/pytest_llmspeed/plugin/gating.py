@@ -1,0 +1,150 @@
+"""The gate over one session: the baseline it is held to (its settings checked against the
+run's when the server starts), the prefill warm-ups gated at the session's end, the account of
+every baseline cell, whether the session fails for them, and the baseline it saves."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from ..core.errors import LLMSpeedError
+
+if TYPE_CHECKING:
+    from ..gate.baseline import Baseline
+    from ..gate.verdict import Accounting
+    from .selection import Selection
+    from .server import ServerUnderTest
+    from .settings import Settings
+    from .store import CellStore
+
+
+class GateSession:
+    """The baseline and what the session's end decides with it."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        server: ServerUnderTest,
+        store: CellStore,
+        selection: Selection,
+    ):
+        self.settings = settings
+        self._server, self._store, self._selection = server, store, selection
+        self.baseline: Baseline | None = None
+        if settings.baseline:
+            from ..gate.baseline import load
+
+            self.baseline = load(settings.baseline)  # BaselineError: bad file
+
+    def comparable(self) -> dict[str, Any]:
+        """The run settings a baseline must share to be compared with this run."""
+        info = self._server.info
+        return {
+            "model": info.model if info else self.settings.model,
+            "api": self.settings.api,
+            "prompt_form": self._server.prompt_form,
+            "max_output": self.settings.max_output,
+            "duration_s": self.settings.duration,
+            "prefill_repeats": self.settings.prefill_repeats,
+            # several replicas multiply throughput: a baseline of one is not a floor for two
+            "replicas": info.replica_count if info else None,
+        }
+
+    def check_settings(self) -> str | None:
+        """Once the server is probed: a warning when the baseline was taken with other
+        settings (LLMSpeedError with --llm-baseline-strict), else None."""
+        from ..gate.baseline import mismatches
+
+        if self.baseline is None:
+            return None
+        diff = mismatches(self.baseline, self.comparable())
+        if not diff:
+            return None
+        what = f"baseline {self.baseline.path} was taken with other settings: " + "; ".join(diff)
+        if self.settings.baseline_strict:
+            raise LLMSpeedError(what + " (--llm-baseline-strict)")
+        return "warning: " + what
+
+    def warmup_cells(self) -> list[str]:
+        """Cells gated at the session's end (no test of their own ran)."""
+        from ..report.terminal import WARMUP_NOTE
+
+        return [cid for cid, c in self._store.cells.items() if WARMUP_NOTE in c.notes]
+
+    def fails_session(self, interrupted: bool) -> bool:
+        """At the session's end: gate the warm-ups (re-measuring a miss unless the session
+        was interrupted); does the gate fail a session that passed? A regressed warm-up, or a
+        baseline cell not run when --llm-baseline-missing=fail."""
+        if self.baseline is None or not self._server.started:
+            return False
+        self.gate_warmups(remeasure=not interrupted)
+        acc = self.accounting()
+        return acc is not None and (
+            any(c in acc.regressed for c in self.warmup_cells())
+            or (bool(acc.not_run) and self.settings.baseline_missing == "fail")
+        )
+
+    def gate_warmups(self, remeasure: bool) -> None:
+        """Gate the prefill figures that decode warm-ups measured when no prefill test ran
+        (``-m decode``): what a run measures is gated, whatever selected it. A warm-up that is
+        not comparable with the baseline's prefill cell says why instead."""
+        from ..core.records import prefill_record
+        from ..gate.verdict import NOT_GATED, gated, verdict, wants_another
+        from ..report.terminal import WARMUP_NOTE
+
+        if self.baseline is None:
+            return
+        store, bench = self._store, self._server.bench
+        for cid, record in list(store.cells.items()):
+            entry = self.baseline.cells.get(cid)
+            if entry is None or not record.measured or record.gate is not None:
+                continue
+            base_repeats = self.baseline.run.get("prefill_repeats", 1)
+            if base_repeats != self.settings.prefill_repeats:
+                why = (
+                    f"{NOT_GATED}the baseline's prefill is the median of {base_repeats} cold "
+                    f"request(s), this warm-up of {self.settings.prefill_repeats}"
+                )
+                store.record(dataclasses.replace(record, notes=(*record.notes, why)))
+                continue
+            attempts = [record]
+            notes = [WARMUP_NOTE]
+            tokens, max_tokens = record.context_tokens, record.max_tokens
+            while (
+                remeasure
+                and bench is not None
+                and wants_another(entry, attempts, self.settings.confirm)
+            ):
+                assert tokens is not None and max_tokens is not None
+                try:
+                    again = bench.prefill_again(tokens, max_tokens)
+                except LLMSpeedError as exc:  # gate on what was measured, and say so
+                    notes.append(self._server.redact(f"re-measurement failed: {exc}"))
+                    break
+                attempts.append(prefill_record(record.id.context, again))
+            result = gated(record, verdict(entry, attempts), attempts)
+            store.record(dataclasses.replace(result, notes=(*result.notes, *notes)))
+
+    def accounting(self) -> Accounting | None:
+        from ..gate.verdict import account
+
+        if self.baseline is None:
+            return None
+        return account(self.baseline, self._store.cells.values(), self._selection.selected)
+
+    def save(self) -> str | None:
+        """--llm-save-baseline: write this run's cells as a baseline; what was done, in words."""
+        if not self.settings.save_baseline or not self._store.cells:
+            return None
+        from ..gate.baseline import dump
+
+        info = self._server.info
+        run = {
+            **self.comparable(),
+            "engine": info.engine if info else None,
+            "engine_version": info.version if info else None,
+            "server": self._server.public_endpoint,
+            "kv_capacity": info.kv_capacity if info else None,
+        }
+        n = dump(self.settings.save_baseline, run, list(self._store.cells.values()))
+        return f"baseline: {n} cells written to {self.settings.save_baseline}"

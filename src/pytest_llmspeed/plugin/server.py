@@ -1,0 +1,303 @@
+"""The server under test, over one session: started (the simulator, the ``--llm-serve``
+command), connected and probed when a selected test first needs it, stopped at the end.
+
+What the probe found (the server's identity, the dialect, the prompt factory) is kept after
+the server stops: the results written at the session's end still say what was measured.
+Import-light: the core's client and the simulator are imported when the server starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
+
+from ..core.errors import LLMSpeedError, redact
+from ..core.matrix import Skip, context_label, decode_skip, exceeds_max_model_len
+from ..results import MAX, CellId, Status
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..core.bench import Bench
+    from ..core.launch import LaunchedServer
+    from ..core.probe import ServerInfo
+    from ..core.prompts import PromptFactory
+    from ..core.protocol import DecodeResult, DecodeTick, PrefillResult
+    from ..core.wire import Dialect
+    from .settings import Settings
+
+
+def public_url(url: str) -> str:
+    """The endpoint without credentials or query (they may hold secrets)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    if not parts.scheme.startswith("http"):
+        return url.split("?")[0]
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _loopback(url: str | None) -> bool:
+    host = urlsplit(url).hostname if url else None
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
+class ServerUnderTest:
+    """The server's lifecycle and what the probe found."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.started = False  # connected and probed
+        self.bench: Bench | None = None  # while connected
+        self.base_url: str | None = None  # the endpoint, or the simulator's address
+        self.launched: LaunchedServer | None = None  # started by --llm-serve
+        #: the probe's facts, kept after the server stops
+        self.info: ServerInfo | None = None
+        self.dialect: Dialect | None = None
+        self.factory: PromptFactory | None = None
+        self.notes: list[str] = []  # what starting it found out, in words
+        self.machine: dict[str, str] = {}  # what a server on this machine runs on
+        self.engine_packages: dict[str, str] = {}  # the launched engine's versions
+        self.server_line = ""  # the first header line, without its "llmspeed server: "
+        #: why the run stopped (the key refused, the server gone), once it has
+        self.fatal: str | None = None
+        self._sim: contextlib.ExitStack | None = None
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the simulator or the --llm-serve command if asked, connect, probe.
+        Raises LLMSpeedError / ValueError (and stops what it started)."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        self.server_line = self.header()[0].removeprefix("llmspeed server: ")
+        self.started = True
+
+    def _start(self) -> None:
+        from ..core.bench import Bench, BenchConfig
+
+        s = self.settings
+        if s.serve_plan is not None:
+            self._launch()
+        endpoints = s.endpoints
+        if s.is_sim:
+            from ..sim import parse_sim_spec, running_simulator_processes  # only when asked for
+
+            self._sim = contextlib.ExitStack()
+            simulators = running_simulator_processes(parse_sim_spec(s.endpoint))
+            try:
+                urls = self._sim.enter_context(simulators)
+            except RuntimeError as exc:
+                raise LLMSpeedError(str(exc)) from None
+            self.base_url = urls[0]
+            endpoints = tuple(urls) if len(urls) > 1 else ()
+            self.notes.append(
+                f"built-in simulator: {s.endpoint.split('?')[0]} at {', '.join(urls)}"
+            )
+        else:
+            self.base_url = s.endpoint
+        self.bench = Bench(
+            BenchConfig(
+                base_url=self.base_url,
+                api_key=s.api_key,
+                model=s.model,
+                api=s.api,
+                max_output=s.max_output,
+                duration=s.duration,
+                precision=s.precision,
+                min_duration=s.min_duration,
+                prefill_repeats=s.prefill_repeats,
+                text_prompts=s.prompt_form == "text",
+                timeout=s.timeout,
+                kv_capacity=s.kv_capacity,
+                kv_capacity_source="--llm-kv-capacity",
+                max_model_len=s.max_model_len,
+                endpoints=endpoints,
+                metrics_urls=s.metrics_urls,
+                max_error_rate=s.max_error_rate,
+            )
+        )
+        self.info = self.bench.start()
+        self.dialect, self.factory = self.bench.dialect, self.bench.factory
+        assert self.dialect is not None
+        self.notes.extend(self.info.notes)
+        if self.info.metrics_urls:
+            self.notes.append(
+                "/metrics read from --llm-metrics-url: "
+                + ", ".join(public_url(u) for u in self.info.metrics_urls)
+            )
+        self.notes.extend(self.dialect.notes)
+        if self.info.max_model_len is None and MAX in (*s.contexts, *s.prefill_contexts):
+            raise LLMSpeedError(
+                "the context 'max' needs the server's max_model_len, which it does not report "
+                "(not in /v1/models, nor in a /tokenize answer)",
+                setting="max_model_len",
+            )
+        if s.serve_plan is not None or _loopback(self.base_url):
+            from ..core.machine import hardware
+
+            self.machine = hardware()  # the server runs on this machine
+        if self.info.kv_capacity is None:
+            self.notes.append("KV capacity unknown: every cell ran (no over-capacity skips)")
+
+    def _launch(self) -> None:
+        """--llm-serve: start the server command and wait until it answers (LaunchError)."""
+        from pathlib import Path
+
+        from ..core.launch import engine_python, launch, wait_healthy
+        from ..core.machine import engine_packages
+
+        s = self.settings
+        log = (
+            Path(s.serve_log)
+            if s.serve_log
+            else (Path(s.results).parent if s.results else Path()) / "llmspeed-serve.log"
+        )
+        self.launched = launch(s.serve_plan, log)
+        took = wait_healthy(self.launched, s.serve_timeout)
+        self.notes.append(
+            f"server started by --llm-serve, answering after {took:.0f} s; its log: {log}"
+        )
+        python = engine_python(s.serve_plan)
+        if python is not None:
+            self.engine_packages = engine_packages(python)
+
+    def stop(self) -> None:
+        """Close the connection, stop what the session started (each only once)."""
+        if self.bench is not None:
+            with contextlib.suppress(Exception):
+                self.bench.close()
+            self.bench = None
+        if self.launched is not None:
+            self.launched.stop()
+            self.launched = None
+        if self._sim is not None:
+            self._sim.close()
+            self._sim = None
+
+    def exited(self) -> str | None:
+        """Why the launched server is gone (exit code, log's last lines), or None."""
+        if self.launched is None or self.launched.exit_code() is None:
+            return None
+        return self.launched.exited_message("during the run")
+
+    def healthy(self) -> bool:
+        return self.bench is not None and self.bench.healthy()
+
+    def give_up(self, why: str) -> str:
+        """Stop using the server for the rest of the session: tests that need it fail with
+        ``why`` (redacted)."""
+        self.fatal = self.redact(why)
+        return self.fatal
+
+    def unusable_after(self, exc: Exception) -> str | None:
+        """After an error in a cell: why the session cannot go on (the key refused, the
+        launched server gone, the server no longer answering), else None."""
+        from ..core.errors import KeyRejected
+        from .messages import describe
+
+        if isinstance(exc, KeyRejected):
+            self.give_up(f"stopped: {describe(exc)}")
+        elif self.exited():
+            self.give_up(f"stopped: {self.exited()}\nResults measured so far are kept.")
+        elif not self.healthy():
+            self.give_up(
+                f"stopped: the server at {self.base_url} stopped answering ({exc}). "
+                "Results measured so far are kept."
+            )
+        return self.fatal
+
+    # -- what the probe found --------------------------------------------------------------
+
+    @property
+    def prompt_form(self) -> str:
+        """What the prompts are sent as: the option, unless the server refused token ids."""
+        if self.factory is None:
+            return self.settings.effective_prompt_form
+        return "ids" if self.factory.uses_ids else "text"
+
+    def resolve(self, context: int | str) -> int | None:
+        return self.bench.resolve(context) if self.bench is not None else None
+
+    def skip(self, cid: CellId) -> Skip | None:
+        """Why a cell cannot run on this server (known after the probe), else None."""
+        if self.bench is None or self.info is None:
+            return None
+        limits = self.bench.limits
+        tokens = self.bench.resolve(cid.context)
+        if tokens is None:
+            return Skip(
+                Status.DOES_NOT_FIT,
+                "context 'max' needs the server's max_model_len, which it does not report",
+            )
+        if tokens < 1:
+            return Skip(
+                Status.DOES_NOT_FIT,
+                f"context max resolves to {tokens} tokens (max_model_len too small for output)",
+            )
+        if cid.concurrency is None:
+            return exceeds_max_model_len(tokens, 1, limits)
+        return decode_skip(tokens, cid.concurrency, self.settings.max_output, limits)
+
+    # -- cells -----------------------------------------------------------------------------
+
+    def warm(self, context: int | str) -> tuple[int, PrefillResult, bool]:
+        """The cold request that warms the shared prefix of ``context``: its length in tokens,
+        the result, and whether it was the first at that length (the prefill cell)."""
+        assert self.bench is not None
+        tokens = self.bench.resolve(context)
+        assert tokens is not None
+        fits = not exceeds_max_model_len(tokens, self.settings.max_output, self.bench.limits)
+        max_tokens = min(self.settings.max_output, 16) if fits else 1
+        first = tokens not in self.bench.prefills
+        return tokens, self.bench.prefill(tokens, max_tokens), first
+
+    def decode(
+        self, tokens: int, concurrency: int, on_tick: Callable[[DecodeTick], None] | None = None
+    ) -> DecodeResult:
+        assert self.bench is not None
+        return self.bench.decode(tokens, concurrency, on_tick=on_tick)
+
+    # -- in words --------------------------------------------------------------------------
+
+    def header(self) -> list[str]:
+        if self.info is None:
+            return [f"llmspeed: endpoint {self.public_endpoint} (not probed)"]
+        s = self.settings
+        described = self.info.describe()
+        for url in {self.info.base_url, *self.info.replicas}:
+            described = described.replace(url, public_url(url))
+        return [
+            "llmspeed " + self.redact(described),
+            f"llmspeed: api {s.api} ({'token-id' if self.prompt_form == 'ids' else 'text'} "
+            "prompts) · "
+            f"max output {s.max_output} · {self.window_words} · "
+            f"contexts {','.join(context_label(c) for c in s.contexts)} · "
+            f"concurrency {','.join(map(str, s.concurrency))}",
+        ]
+
+    @property
+    def window_words(self) -> str:
+        """``window 30 s``, or with --llm-precision ``window 5–30 s, until ±2%``."""
+        s = self.settings
+        if s.precision is None:
+            return f"window {s.duration:g} s"
+        return f"window {s.min_duration:g}–{s.duration:g} s, until ±{s.precision:.1%}"
+
+    @property
+    def public_endpoint(self) -> str:
+        """The endpoint, or the replicas' endpoints comma-separated, without secrets."""
+        return ", ".join(
+            public_url(e) for e in self.settings.endpoints or (self.settings.endpoint,)
+        )
+
+    def redact(self, text: str) -> str:
+        return redact(text, self.settings.api_key)

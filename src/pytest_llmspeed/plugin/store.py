@@ -1,0 +1,100 @@
+"""The cells of one session and the files written from them: the records (one per cell, a
+later one of the same cell replacing it), the run's notes, and the results file with the
+registered outputs (``report/outputs.py``), rewritten after every cell so a run that dies
+keeps what it measured."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import sys
+from typing import TYPE_CHECKING
+
+import pytest
+
+from .. import __version__
+from ..results import CellRecord, Results, RunInfo
+
+if TYPE_CHECKING:
+    from ..report.compare import Comparison
+    from .server import ServerUnderTest
+    from .settings import Settings
+
+
+class CellStore:
+    """The records of the session's cells and what is written from them."""
+
+    def __init__(self, settings: Settings, server: ServerUnderTest):
+        self.settings = settings
+        self._server = server  # read for what the run is (never written)
+        self.cells: dict[str, CellRecord] = {}
+        self.notes: list[str] = list(settings.notes)
+        self.started_at = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+        self.earlier: Results | None = None  # --llm-compare: the run this one is compared with
+        if settings.compare:
+            from ..results import load
+
+            self.earlier = load(settings.compare)  # ResultsError: not a results file
+
+    def note(self, *texts: str) -> None:
+        """Add notes for the whole run (each once)."""
+        for text in texts:
+            if text not in self.notes:
+                self.notes.append(text)
+
+    def record(self, rec: CellRecord) -> None:
+        """Keep a cell's record (replacing an earlier one of the same cell) and rewrite the
+        files."""
+        factory = self._server.factory
+        self.note(*(factory.notes if factory else ()))
+        self.cells[str(rec.id)] = rec
+        self.write()
+
+    def run_info(self) -> RunInfo:
+        """What this run is, as the results model records it."""
+        server, s = self._server, self.settings
+        info, dialect, factory = server.info, server.dialect, server.factory
+        return RunInfo(
+            tool=f"pytest-llmspeed {__version__}",
+            started=self.started_at,
+            endpoint=server.public_endpoint,
+            model=info.model if info else s.model,
+            engine=info.engine if info else None,
+            engine_version=info.version if info else None,
+            max_model_len=info.max_model_len if info else None,
+            kv_capacity=info.kv_capacity if info else None,
+            kv_capacity_source=info.kv_capacity_source if info else None,
+            api=dialect.api if dialect else None,
+            prompt_form=server.prompt_form,
+            notes=tuple(self.notes),
+            settings=s.public(),
+            salt=factory.salt if factory else None,
+            python=sys.version.split()[0],
+            platform=platform.platform(),
+            pytest=pytest.__version__,
+            metadata={**server.machine, **server.engine_packages, **dict(s.meta)},
+            launch_command=s.launch_command or (s.serve_plan.shown if s.serve_plan else None),
+        )
+
+    def results(self) -> Results:
+        return Results(self.run_info(), tuple(self.cells.values()))
+
+    def write(self) -> None:
+        """Rewrite the results file and the registered outputs asked for."""
+        if not (self.settings.results or self.settings.outputs):
+            return
+        results = self.results()
+        if self.settings.results:
+            results.dump(self.settings.results)
+        if self.settings.outputs:
+            comparison = self.comparison(results)
+            for output, path in self.settings.outputs:
+                output.write(results, comparison, path)
+
+    def comparison(self, results: Results | None = None) -> Comparison | None:
+        """This run against the earlier one (--llm-compare), or None."""
+        if self.earlier is None:
+            return None
+        from ..report.compare import compare
+
+        return compare(self.earlier, results or self.results())

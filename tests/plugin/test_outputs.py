@@ -1,0 +1,36 @@
+"""A registered output (report/outputs.py) in a run: its option writes the file before the
+first cell and after every cell, and the summary names it."""
+
+import pytest
+
+from pytest_llmspeed.report.outputs import OUTPUTS
+from pytest_llmspeed.results import load
+
+
+@pytest.mark.parametrize("output", OUTPUTS, ids=lambda o: o.key)
+def test_a_registered_output_is_written_and_named(pytester, output):
+    path = f"out/run{output.suffix}"
+    result = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=4",
+        "--llm-contexts=1K",
+        "--llm-concurrency=1",
+        "-m",
+        "prefill",
+        f"--llm-{output.key}={path}",
+        "--llm-results=out/r.json",
+    )
+    result.assert_outcomes(passed=1, deselected=1)
+    result.stdout.fnmatch_lines(["results: out/r.json", f"{output.label}: {path}"])
+    # the file is the run's final results in that format
+    again = pytester.path / f"again{output.suffix}"
+    output.write(load(pytester.path / "out" / "r.json"), None, str(again))
+    assert (pytester.path / path).read_text() == again.read_text()
+
+
+@pytest.mark.parametrize("output", OUTPUTS, ids=lambda o: o.key)
+def test_an_output_that_cannot_be_written_is_a_usage_error(pytester, output):
+    result = pytester.runpytest("--llm-endpoint=sim", f"--llm-{output.key}=/proc/x")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [f"ERROR: --llm-{output.key}='/proc/x': cannot write there (*): choose a writable path"]
+    )
