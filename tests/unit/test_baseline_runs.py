@@ -272,7 +272,9 @@ def test_the_spread_is_pooled_over_cells_less_the_windows_own_noise():
     spread = pooled_spread([a, b, ((500.0,), (None,))])  # a one-run cell adds nothing
     squares = 0.02**2 * 2 + 0.01**2 * 2
     mean_w2 = (3 * 0.01**2 + 2 * 0) / 5
-    assert spread.dof == 3 and spread.cells == 2
+    # pooled: Σ (k_c − 1) = 3; without runs aligned over every cell the degrees of freedom
+    # are the longest cell's own, k − 1 = 2 (a start effect may be shared by the cells)
+    assert spread.dof == 2 and spread.cells == 2
     assert spread.sigma == pytest.approx(math.sqrt(squares / 3 - mean_w2), rel=1e-9)
 
 

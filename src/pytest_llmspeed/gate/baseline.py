@@ -176,14 +176,46 @@ def load(path: str | Path) -> Baseline:
         if not isinstance(body, dict):
             raise err(header, f"cell {cid} must be a table of figures")
         baseline.cells[cid] = _cell(cid, body, tolerance, header, text, err)
+    _pool(baseline)
+    return baseline
+
+
+def _pool(baseline: Baseline) -> None:
+    """The between-start spread of each gated figure, pooled over the cells, on the baseline
+    and on each cell that has the figure."""
     for metric in FIGURES:
         with_runs = [c.runs[metric] for c in baseline.cells.values() if metric in c.runs]
         if with_runs:
-            spread = pooled_spread((r.values, r.intervals) for r in with_runs)
+            spread = pooled_spread(((r.values, r.intervals) for r in with_runs), baseline.runs)
             baseline.spread[metric] = spread
             for cell in baseline.cells.values():
                 if metric in cell.runs:
                     cell.spread[metric] = spread
+
+
+def baseline_of(
+    runs: Sequence[Sequence[CellRecord]],
+    tolerance: float = DEFAULT_TOLERANCE,
+    path: str | Path = "<memory>",
+) -> Baseline:
+    """The baseline several runs' records make, in memory: what :func:`save` run by run and
+    :func:`load` would give, without the file's rounding (benchmarks gate with it)."""
+    figures: dict[str, dict[str, FigureRuns]] = {}
+    for records in runs:
+        for rec in records:
+            if rec.status is not Status.VALID:
+                continue
+            cell = figures.setdefault(str(rec.id), {})
+            for metric, one, gated in _record_figures(rec):
+                if gated:
+                    old = cell.get(metric)
+                    value, ci = one.values[0], one.intervals[0]
+                    cell[metric] = old.add(value, ci) if old else one
+    baseline = Baseline(Path(path), {"runs": len(runs)}, tolerance)
+    for cid, cell in figures.items():
+        limits = {m: r.mean for m, r in cell.items()}
+        baseline.cells[cid] = CellBaseline(cid, limits, tolerance, 0, {}, dict(cell))
+    _pool(baseline)
     return baseline
 
 
@@ -538,7 +570,8 @@ _CELLS_HEADER = [
     "# Per cell: floors (total_tok_s, per_request_tok_s, prompt_tok_s) and optional ceilings",
     "# (ttft_ms, tbt_ms: uncomment to gate latency). 'tolerance = 0.1' overrides the default.",
     "# A figure's 95 % interval (NAME_ci = [low, high]) makes the gate allow for noise: a",
-    "# figure fails only when worse than the limit beyond both intervals (docs/gate.md).",
+    "# figure fails only when past its limit and worse than its reference beyond the noise",
+    "# of both (docs/gate.md).",
 ]
 _RUNS_HEADER = [
     "# Made of several runs: a figure is the mean of its runs (NAME_runs), each run's 95 %",

@@ -17,12 +17,23 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-Pair = tuple[float, float]
+from ..results import Z95, Z99, Pair
 
-#: the two-sided level of the figures' intervals, and the one-sided level of the gate's test
-Z95 = 1.959963984540054
+#: the one-sided level of the gate's test (Z99 its normal quantile)
 LEVEL = 0.99
-Z99 = 2.326347874040841
+
+__all__ = [
+    "LEVEL",
+    "UNKNOWN",
+    "Z95",
+    "Z99",
+    "Pair",
+    "Spread",
+    "pooled_spread",
+    "reference_se",
+    "t_quantile",
+    "within_se",
+]
 
 
 def within_se(value: float, ci: Pair | None) -> float:
@@ -98,31 +109,73 @@ class Spread:
     def quantile(self) -> float:
         """The gate's one-sided 99 % quantile: Student's t with the estimate's degrees of
         freedom, the normal one when the spread is unknown (then taken as 0)."""
-        return t_quantile(LEVEL, self.dof if self.known and self.dof > 0 else None)
+        if not self.known or self.dof == 0:
+            return Z99
+        return t_quantile(LEVEL, self.dof)
 
 
 UNKNOWN = Spread(None)
 
 
-def pooled_spread(cells: Iterable[tuple[Sequence[float], Sequence[Pair | None]]]) -> Spread:
-    """σ_b of one figure from its runs in each cell: (values, intervals) per cell."""
+def pooled_spread(
+    cells: Iterable[tuple[Sequence[float], Sequence[Pair | None]]], runs: int | None = None
+) -> Spread:
+    """σ_b of one figure from its runs in each cell: (values, intervals) per cell. ``runs``:
+    how many runs the baseline holds (a cell with that many was in every run, its i-th value
+    from run i); it sets the degrees of freedom (:func:`effective_dof`)."""
     squares = 0.0
     dof = 0
     count = 0
     w2: list[float] = []
+    complete: list[list[float]] = []
+    longest = 0
     for values, cis in cells:
         k = len(values)
         if k < 2:
             continue
         mean = sum(values) / k
-        squares += sum((v / mean - 1) ** 2 for v in values)
+        deviations = [v / mean - 1 for v in values]
+        squares += sum(d * d for d in deviations)
         dof += k - 1
         count += 1
+        longest = max(longest, k)
         w2 += [within_se(v, ci) ** 2 for v, ci in zip(values, cis, strict=True)]
+        if k == runs:
+            complete.append(deviations)
     if dof == 0:
         return UNKNOWN
     between = squares / dof - sum(w2) / len(w2)
-    return Spread(math.sqrt(max(between, 0.0)), dof, count)
+    return Spread(math.sqrt(max(between, 0.0)), effective_dof(complete, dof, longest), count)
+
+
+def effective_dof(complete: Sequence[Sequence[float]], pooled: int, longest: int) -> int:
+    """Degrees of freedom of the pooled spread when the start effect may be shared by the cells.
+
+    Pooling over C cells gives Σ (k_c − 1) degrees of freedom only if the cells' deviations
+    from start to start are independent; a start that is slow for every cell (what the
+    simulator's ``start_noise`` draws, and mostly what a real server does) is one draw per
+    start, whatever the number of cells: k − 1 degrees of freedom. The deviations
+    d_cr = v_cr / v̄_c − 1 of the cells measured in every run (``complete``: one list per cell,
+    aligned by run) split into the runs' common part m_r (the mean over cells) and the rest:
+    a = Σ m_r² / (R − 1) and b = Σ (d_cr − m_r)² / (R − 1) / C, whose sum is the pooled
+    variance. Satterthwaite's approximation gives ν = (a + b)² / (a² / (R − 1) + b² / ((C − 1)
+    (R − 1))): R − 1 when the runs' deviations are shared, the pooled count when independent.
+    Rounded down, within [longest run count − 1, ``pooled``]. Without two complete cells: the
+    longest cell's own k − 1."""
+    floor = max(longest - 1, 1)
+    cells = len(complete)
+    if cells < 2:
+        return min(floor, pooled)
+    runs = len(complete[0])
+    means = [sum(c[r] for c in complete) / cells for r in range(runs)]
+    a = sum(m * m for m in means) / (runs - 1)
+    rest = sum((c[r] - means[r]) ** 2 for c in complete for r in range(runs))
+    b = rest / (runs - 1) / cells
+    denominator = a * a / (runs - 1) + b * b / ((cells - 1) * (runs - 1))
+    if denominator <= 0:
+        return min(floor, pooled)
+    nu = (a + b) ** 2 / denominator
+    return max(min(int(nu), pooled), min(floor, pooled))
 
 
 def reference_se(values: Sequence[float], cis: Sequence[Pair | None], sigma: float) -> float:
