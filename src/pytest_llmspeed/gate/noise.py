@@ -13,6 +13,7 @@ No numpy, no pytest: the gate and the results model read these numbers.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ def _t_cdf(t: float, df: int) -> float:
     return 0.5 + a / 2
 
 
+@functools.lru_cache(maxsize=256)
 def t_quantile(p: float, df: int | None) -> float:
     """Student's t quantile for an integer ``df`` by bisection of the exact CDF; the normal
     quantile for ``df`` None (a known variance). Only p > 0.5 is asked for."""

@@ -11,8 +11,9 @@ measured again, up to the number of confirmations the user allows (:func:`wants_
   each): once the first attempt is past its limit (a miss, or within the noise) every
   confirmation is taken, and the figure regresses when the mean of all misses, judged with
   the fresh-start variance. ``benchmarks/gate_restarts.py`` chose this rule: on the same
-  draws it caught more 10 % slowdowns at the same false-failure rate than stopping at the
-  first attempt that passes, or than confirming only a first attempt that misses.
+  draws (starts 3 % apart, 3 or 5 runs, 4 confirmations) it caught 37 % and 82 % of 10 %
+  slowdowns, for 0.16 % and 0.09 % false failures, where stopping at the first attempt that
+  passes caught 15 % and 18 %, and confirming only a first attempt that misses 27 % and 45 %.
 
 The pytest layer asks for the re-measurements and turns the verdict into pass or fail; nothing
 here measures or prints.
