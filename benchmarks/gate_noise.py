@@ -32,7 +32,8 @@ CPU other processes use during each run (on average and in its busiest second), 
 disturbed run again (``--retries``);
 the summary says how many runs that took and the load they ran under.
 
-Options of the matrix: --profile, --base-speed, --noise, --contexts, --concurrency, --duration,
+Options of the matrix: --profile, --base-speed, --noise, --start-noise (each run a fresh start
+with its own speed factor), --contexts, --concurrency, --duration,
 --max-output, --confirm, --prefill-repeats, --tolerance (rewrites the baseline's default
 tolerance).
 ``--markdown PATH`` also writes the summary as Markdown; ``--keep DIR`` keeps every run's folder
@@ -149,7 +150,10 @@ FOREIGN_PEAK_LIMIT = 0.5
 
 
 def endpoint(args: argparse.Namespace, speed: float, seed: int) -> str:
-    return f"sim:{args.profile}?speed={speed:g}&noise={args.noise:g}&seed={seed}"
+    spec = f"sim:{args.profile}?speed={speed:g}&noise={args.noise:g}&seed={seed}"
+    if args.start_noise:  # each run a fresh start: its own speed factor (fresh OS entropy)
+        spec += f"&start_noise={args.start_noise:g}"
+    return spec
 
 
 def pytest_argv(args: argparse.Namespace, speed: float, seed: int, *extra: str) -> list[str]:
@@ -389,6 +393,13 @@ def main(argv: list[str] | None = None) -> int:
         help="simulator speed of the baseline run (default 1: not CPU-bound)",
     )
     ap.add_argument("--noise", type=float, default=0.03)
+    ap.add_argument(
+        "--start-noise",
+        type=float,
+        default=0.0,
+        help="the simulator's between-start noise: each run (a fresh start) draws its own speed "
+        "factor, the baseline's run too (default 0)",
+    )
     ap.add_argument(
         "--seed",
         type=int,

@@ -23,7 +23,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from pathlib import Path
@@ -218,13 +218,31 @@ def _sides(value: float, ci: Pair | None) -> tuple[float, float]:
     return max(value - ci[0], 0.0), max(ci[1] - value, 0.0)
 
 
+#: the two-sided 95 % normal quantile of the figures' intervals, and the one-sided 99 % one
+#: the gate tests at when the between-run spread is not estimated
+Z95 = 1.959963984540054
+Z99 = 2.326347874040841
+
+
+def _rel_se(value: float, ci: Pair | None) -> float:
+    """A figure's relative standard error from its 95 % interval (0 without one)."""
+    if ci is None or value <= 0:
+        return 0.0
+    return (ci[1] - ci[0]) / 2 / value / Z95
+
+
 @dataclass(frozen=True)
 class Check:
     """One figure of one cell against its baseline reference, over one or more attempts.
 
-    With intervals on both sides (the baseline's ``reference_ci`` and every attempt's), a
-    figure misses only when it is worse than the limit beyond both intervals combined
-    (docs/gate.md, "With intervals"); without, when it is worse than the limit."""
+    The rule (docs/gate.md, "Across restarts"): a figure **misses** when it is past its limit
+    (``reference × (1 ∓ tolerance)``) *and* worse than the reference beyond the noise of both,
+    ``|X − R| > quantile · √(X² u_X² + R² u_R²)``, where ``u_R`` is the reference's relative
+    standard error (``reference_se``, or its one run's interval) and ``u_X² = spread² + w_X²``
+    an attempt's (the between-start spread, and the window's own ``w_X`` from its interval).
+    The mean of n attempts has ``(spread² + mean w²) / n`` when each ran on a fresh start of
+    the server (``fresh_starts``), ``spread² + mean w² / n`` when they share one. Without
+    intervals or spread the noise is 0 and the rule is the flat one: past the limit."""
 
     cell: str
     metric: str
@@ -232,7 +250,15 @@ class Check:
     tolerance: float
     values: tuple[float, ...]  # one per attempt that measured the figure
     reference_ci: Pair | None = None
-    values_ci: tuple[Pair | None, ...] = ()  # one per attempt, when the attempts had them
+    values_ci: tuple[Pair | None, ...] = ()  # one per attempt (None: no interval), or none
+    #: the reference's relative standard error; None: from ``reference_ci`` (a one-run baseline)
+    reference_se: float | None = None
+    #: the between-start spread (relative) the baseline's runs show; None: unknown, taken as 0
+    spread: float | None = None
+    spread_dof: int = 0
+    reference_runs: int = 1  # runs the reference is the mean of
+    quantile: float = Z99  # one-sided 99 %: Student's t with spread_dof when spread is known
+    fresh_starts: bool = False  # each re-measurement ran on a fresh start of the server
 
     @property
     def is_floor(self) -> bool:
@@ -250,6 +276,8 @@ class Check:
 
     @property
     def uses_intervals(self) -> bool:
+        """The reference and every attempt have a 95 % interval (a one-run baseline's rule
+        then says "beyond both intervals")."""
         return (
             self.reference_ci is not None
             and len(self.values_ci) == len(self.values)
@@ -257,9 +285,23 @@ class Check:
         )
 
     @property
+    def spread_known(self) -> bool:
+        return self.spread is not None
+
+    @property
+    def noise_known(self) -> bool:
+        """Some noise is known: the reference's, an attempt's interval, or the spread (else
+        the rule is the flat one)."""
+        return (
+            self.spread_known
+            or self.reference_u > 0
+            or any(ci is not None for ci in self.values_ci)
+        )
+
+    @property
     def value_ci(self) -> Pair | None:
-        """The interval of the mean of the attempts (independent attempts: half-widths add in
-        quadrature, divided by their number)."""
+        """The interval of the mean of the attempts from their own intervals (independent
+        attempts: half-widths add in quadrature, divided by their number)."""
         if not self.uses_intervals:
             return None
         k = len(self.values)
@@ -268,17 +310,89 @@ class Check:
         high = math.sqrt(sum(b * b for _, b in sides)) / k
         return (self.value - low, self.value + high)
 
-    def _margin(self, value: float, ci: Pair | None) -> float:
-        """The combined half-width that stands between ``value`` and a miss: the new figure's
-        side towards better, and the reference's side towards worse (scaled by the limit)."""
-        if ci is None or self.reference_ci is None:
-            return 0.0
-        lo, hi = _sides(value, ci)
-        r_lo, r_hi = _sides(self.reference, self.reference_ci)
-        k = self.limit / self.reference
-        if self.is_floor:
-            return math.hypot(hi, k * r_lo)
-        return math.hypot(lo, k * r_hi)
+    # -- the noise
+    @property
+    def reference_u(self) -> float:
+        """u_R: the reference's relative standard error."""
+        if self.reference_se is not None:
+            return self.reference_se
+        return _rel_se(self.reference, self.reference_ci)
+
+    def _w(self, i: int) -> float:
+        ci = self.values_ci[i] if i < len(self.values_ci) else None
+        return _rel_se(self.values[i], ci)
+
+    def variance(self, attempts: Sequence[int] | None = None) -> float:
+        """The relative variance of one attempt, or of the mean of ``attempts`` (indices; all
+        by default): spread and windows' noise, divided as the attempts shared a start or not."""
+        idx = range(len(self.values)) if attempts is None else attempts
+        n = len(idx)
+        s2 = (self.spread or 0.0) ** 2
+        w2 = sum(self._w(i) ** 2 for i in idx) / n
+        return (s2 + w2) / n if self.fresh_starts else s2 + w2 / n
+
+    def _mean(self, attempts: Sequence[int] | None) -> float:
+        idx = range(len(self.values)) if attempts is None else attempts
+        return sum(self.values[i] for i in idx) / len(idx)
+
+    def margin(self, value: float, variance: float) -> float:
+        """How far ``value`` must be from the reference to be beyond the noise of both."""
+        return self.quantile * math.sqrt(
+            value * value * variance + (self.reference * self.reference_u) ** 2
+        )
+
+    def _worse_by(self, value: float) -> float:
+        """How far ``value`` is past the limit, towards worse (negative: inside)."""
+        return self.limit - value if self.is_floor else value - self.limit
+
+    def _miss(self, value: float, variance: float) -> bool:
+        worse = self.reference - value if self.is_floor else value - self.reference
+        return self._worse_by(value) > 0 and worse > self.margin(value, variance)
+
+    def misses(self, value: float, ci: Pair | None = None) -> bool:
+        """Does one attempt of ``value`` (its interval ``ci``) miss?"""
+        return self._miss(value, (self.spread or 0.0) ** 2 + _rel_se(value, ci) ** 2)
+
+    def mean_misses(self, attempts: Sequence[int] | None = None) -> bool:
+        """Does the mean of ``attempts`` (indices; all by default) miss, with its variance?"""
+        return self._miss(self._mean(attempts), self.variance(attempts))
+
+    def attempt_misses(self, i: int) -> bool:
+        return self.mean_misses([i])
+
+    def past_limit(self, attempts: Sequence[int] | None = None) -> bool:
+        """The mean of ``attempts`` is past the limit (missed, or within the noise)."""
+        return self._worse_by(self._mean(attempts)) > 0
+
+    # -- the verdict
+    @property
+    def regressed(self) -> bool:
+        """Confirmed. Attempts sharing one start: every attempt misses, and so does their
+        mean. On fresh starts: the mean of all the attempts misses, with the fresh-start
+        variance (a first attempt past the limit took every confirmation, none stopped by one
+        that passes: each start is a sample of the noise that matters, docs/gate.md)."""
+        if self.fresh_starts:
+            return self.mean_misses()
+        return all(self.attempt_misses(i) for i in range(len(self.values))) and (self.mean_misses())
+
+    @property
+    def noisy(self) -> bool:
+        """Past the limit, but within the noise: too noisy to tell (not a failure)."""
+        return self.past_limit() and not self.regressed
+
+    @property
+    def improved(self) -> bool:
+        """Better than the reference by more than the tolerance, beyond the noise (+5.0 %
+        at 5 % is not: the float of 105/100 − 1 is a hair above 0.05)."""
+        margin = self.margin(self.value, self.variance())
+        better = self.change * self.reference
+        return better > (self.tolerance + 1e-9) * self.reference and better > margin
+
+    @property
+    def last_misses(self) -> bool:
+        """The latest attempt misses: the pytest layer measures again (attempts sharing one
+        start)."""
+        return self.attempt_misses(len(self.values) - 1)
 
     @property
     def change(self) -> float:
@@ -286,49 +400,29 @@ class Check:
         rel = self.value / self.reference - 1
         return rel if self.is_floor else -rel
 
-    def _worse_by(self, value: float) -> float:
-        """How far ``value`` is past the limit, towards worse (negative: inside)."""
-        return self.limit - value if self.is_floor else value - self.limit
+    # -- words
+    def _pm(self, rel_se: float) -> str:
+        return f" ±{Z95 * rel_se:.1%}" if rel_se > 0 else ""
 
-    def misses(self, value: float, ci: Pair | None = None) -> bool:
-        return self._worse_by(value) > self._margin(value, ci)
+    def _value_pm(self) -> str:
+        if self.uses_intervals and not self.spread_known:
+            ci = self.value_ci
+            assert ci is not None
+            return f" ±{max(_sides(self.value, ci)) / self.value:.1%}"
+        return self._pm(math.sqrt(self.variance()))
 
-    def _attempt_ci(self, i: int) -> Pair | None:
-        return self.values_ci[i] if self.uses_intervals else None
+    def _reference_words(self) -> str:
+        if self.reference_se is None and self.reference_ci is not None:
+            pm = f" ±{max(_sides(self.reference, self.reference_ci)) / self.reference:.1%}"
+        else:
+            pm = self._pm(self.reference_u)
+        runs = f" of {self.reference_runs} runs" if self.reference_runs > 1 else ""
+        return f"baseline{runs} {self.reference:,.1f}{pm}"
 
-    @property
-    def regressed(self) -> bool:
-        """Confirmed: every attempt misses, and so does their mean."""
-        return all(self.misses(v, self._attempt_ci(i)) for i, v in enumerate(self.values)) and (
-            self.misses(self.value, self.value_ci)
-        )
-
-    @property
-    def noisy(self) -> bool:
-        """Past the limit, but within the intervals: the cell is too noisy to tell."""
-        return self._worse_by(self.value) > 0 and not self.regressed
-
-    @property
-    def improved(self) -> bool:
-        """Better than the reference by more than the tolerance, beyond the intervals (+5.0 %
-        at 5 % is not: the float of 105/100 − 1 is a hair above 0.05)."""
-        margin = 0.0
-        ci, ref_ci = self.value_ci, self.reference_ci
-        if ci is not None and ref_ci is not None:
-            lo, hi = _sides(self.value, ci)
-            r_lo, r_hi = _sides(self.reference, ref_ci)
-            margin = math.hypot(lo, r_hi) if self.is_floor else math.hypot(hi, r_lo)
-        return self.change * self.reference > (self.tolerance + 1e-9) * self.reference + margin
-
-    @property
-    def last_misses(self) -> bool:
-        """The latest attempt misses: the pytest layer measures again."""
-        return self.misses(self.values[-1], self._attempt_ci(len(self.values) - 1))
-
-    def _pm(self, value: float, ci: Pair | None) -> str:
-        if ci is None:
-            return ""
-        return f" ±{max(_sides(value, ci)) / value:.1%}"
+    def _beyond(self) -> str:
+        if self.spread_known:
+            return f", beyond the noise (between-run spread {self.spread or 0.0:.1%})"
+        return ", beyond both intervals" if self.uses_intervals else ""
 
     def message(self) -> str:
         name = METRIC_NAMES[self.metric]
@@ -337,24 +431,31 @@ class Check:
         attempts = ""
         if len(self.values) > 1:
             shown = ", ".join(f"{v:,.1f}" for v in self.values)
-            attempts = f" [attempts: {shown}]"
+            starts = " on fresh starts" if self.fresh_starts else ""
+            attempts = f" [attempts{starts}: {shown}]"
         delta = _minus(f"{self.value / self.reference - 1:+.1%}")
-        beyond = ", beyond both intervals" if self.uses_intervals else ""
         return (
-            f"{self.cell} {name} {self.value:,.1f}{self._pm(self.value, self.value_ci)} {cmp} "
-            f"{word} {self.limit:,.1f} (baseline {self.reference:,.1f}"
-            f"{self._pm(self.reference, self.reference_ci)} {sign} {self.tolerance:.0%}): "
-            f"{delta}{beyond}{attempts}"
+            f"{self.cell} {name} {self.value:,.1f}{self._value_pm()} {cmp} {word} "
+            f"{self.limit:,.1f} ({self._reference_words()} {sign} {self.tolerance:.0%}): "
+            f"{delta}{self._beyond()}{attempts}"
         )
 
     def noisy_message(self) -> str:
         name = METRIC_NAMES[self.metric]
         delta = _minus(f"{self.value / self.reference - 1:+.1%}")
+        if self.spread_known:
+            within = (
+                f"within the noise between runs (spread {self.spread or 0.0:.1%}): too noisy to "
+                "tell (more runs in the baseline, or confirmations on fresh starts, narrow it)"
+            )
+        else:
+            within = (
+                "within the intervals: too noisy to tell (a longer window, or --llm-precision, "
+                "narrows them)"
+            )
         return (
-            f"{self.cell} {name} {self.value:,.1f}{self._pm(self.value, self.value_ci)} is past "
-            f"its limit {self.limit:,.1f} ({delta} against {self.reference:,.1f}"
-            f"{self._pm(self.reference, self.reference_ci)}), but within the intervals: too "
-            "noisy to tell (a longer window, or --llm-precision, narrows them)"
+            f"{self.cell} {name} {self.value:,.1f}{self._value_pm()} is past its limit "
+            f"{self.limit:,.1f} ({delta} against {self._reference_words()}), but {within}"
         )
 
     def improvement_message(self) -> str:
@@ -373,11 +474,22 @@ class Check:
             "change": round(self.change, 4),
             "verdict": "regressed" if self.regressed else "passed",
         }
-        if self.uses_intervals:
-            assert self.reference_ci is not None
+        if self.reference_ci is not None:
             out["reference_ci"] = list(self.reference_ci)
-            out["values_ci"] = [list(ci) for ci in self.values_ci if ci is not None]
+        if any(ci is not None for ci in self.values_ci):
+            out["values_ci"] = [[] if ci is None else list(ci) for ci in self.values_ci]
+        if self.noise_known:
             out["noisy"] = self.noisy
+        if self.reference_se is not None:
+            out["reference_se"] = self.reference_se
+        if self.spread_known:
+            out["spread"] = self.spread
+            out["spread_dof"] = self.spread_dof
+            out["quantile"] = self.quantile
+        if self.reference_runs > 1:
+            out["reference_runs"] = self.reference_runs
+        if self.fresh_starts:
+            out["fresh_starts"] = True
         return out
 
     @classmethod
@@ -387,6 +499,7 @@ class Check:
         floor = data["metric"] in FLOORS
         tolerance = round((1 - limit / reference) if floor else (limit / reference - 1), 4)
         ref_ci = data.get("reference_ci")
+        spread = data.get("spread")
         return cls(
             cell,
             str(data["metric"]),
@@ -394,7 +507,13 @@ class Check:
             tolerance,
             tuple(map(float, data["values"])),
             (float(ref_ci[0]), float(ref_ci[1])) if ref_ci else None,
-            tuple((float(a), float(b)) for a, b in data.get("values_ci", ())),
+            tuple((float(ci[0]), float(ci[1])) if ci else None for ci in data.get("values_ci", ())),
+            reference_se=float(data["reference_se"]) if "reference_se" in data else None,
+            spread=None if spread is None else float(spread),
+            spread_dof=int(data.get("spread_dof", 0)),
+            reference_runs=int(data.get("reference_runs", 1)),
+            quantile=float(data.get("quantile", Z99)),
+            fresh_starts=bool(data.get("fresh_starts", False)),
         )
 
 
@@ -417,6 +536,11 @@ class GateVerdict:
     def noisy(self) -> tuple[Check, ...]:
         """Figures past their limit but within the intervals (not failures)."""
         return tuple(c for c in self.checks if c.noisy)
+
+    @property
+    def spread_unknown(self) -> bool:
+        """Some check was judged without the between-run spread (a one-run baseline)."""
+        return any(not c.spread_known for c in self.checks)
 
     @property
     def message(self) -> str:

@@ -1,29 +1,77 @@
-"""The baseline file: throughput floors and latency ceilings per cell.
+"""The baseline file: throughput floors and latency ceilings per cell, over one or more runs.
 
 A baseline is a commented TOML file, written by the pytest layer's save option and read with
 the standard library's ``tomllib``; people edit it by hand. No pytest import here.
+
+A baseline of one run keeps, per figure, its value and its 95 % interval (``total_tok_s``,
+``total_tok_s_ci``). A baseline of several runs keeps the runs too: the reference is their mean
+(``total_tok_s``), beside each run's value (``total_tok_s_runs``) and interval
+(``total_tok_s_runs_ci``, ``[]`` for a run without one); their spread is the between-start
+noise the gate allows for (``noise.py``). :func:`save` writes a new file from one run's records,
+or adds the run to the file already there when its settings match (:class:`BaselineMismatch`
+otherwise).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import math
+import os
+import re
+import tempfile
 import tomllib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..results import CEILINGS, FLOORS, CellId, CellRecord, Phase, Status
+from .noise import UNKNOWN, Pair, Spread, pooled_spread
 
 #: run settings that make two runs comparable
 COMPARABLE = (
     "model", "api", "prompt_form", "max_output", "duration_s", "prefill_repeats", "replicas",
 )  # fmt: skip
+#: settings a run must share with a baseline's runs to be added to it: the comparable ones, and
+#: the same server software (runs of another version are a change, not a restart)
+SAME_RUNS = (*COMPARABLE, "engine", "engine_version")
 DEFAULT_TOLERANCE = 0.05
+FIGURES = FLOORS + CEILINGS
+#: decimals each figure is written with
+_DIGITS = {"tbt_ms": 3}
 
 
 class BaselineError(ValueError):
     """A baseline file that cannot be used; the message names the file and the line."""
+
+
+class BaselineMismatch(BaselineError):
+    """A run that cannot be added to a baseline: its settings differ (one line naming them)."""
+
+
+@dataclass(frozen=True)
+class FigureRuns:
+    """One figure of one cell over a baseline's runs: each run's value and 95 % interval."""
+
+    values: tuple[float, ...]
+    intervals: tuple[Pair | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.intervals:
+            object.__setattr__(self, "intervals", (None,) * len(self.values))
+        if len(self.intervals) != len(self.values):
+            raise ValueError("one interval (or None) per run")
+
+    @property
+    def count(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.values) / len(self.values)
+
+    def add(self, value: float, interval: Pair | None) -> FigureRuns:
+        return FigureRuns((*self.values, value), (*self.intervals, interval))
 
 
 @dataclass
@@ -32,7 +80,25 @@ class CellBaseline:
     limits: dict[str, float]  # metric → reference value
     tolerance: float
     line: int
-    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # metric → 95 % CI
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # a run's 95 % CI
+    #: metric → the runs behind the reference (a one-run file: its value and interval)
+    runs: dict[str, FigureRuns] = field(default_factory=dict)
+    #: metric → the figure's between-start spread, pooled over the baseline (set by load)
+    spread: dict[str, Spread] = field(default_factory=dict)
+    #: figures written commented out (latency ceilings not gated): kept when a run is added
+    ungated: dict[str, FigureRuns] = field(default_factory=dict)
+    #: the cell's own tolerance as written (None: the default)
+    own_tolerance: float | None = None
+
+    def figure_runs(self, metric: str) -> FigureRuns:
+        """The runs behind a gated figure's reference (one run when the file gives no runs)."""
+        found = self.runs.get(metric)
+        if found is not None:
+            return found
+        return FigureRuns((self.limits[metric],), (self.intervals.get(metric),))
+
+    def figure_spread(self, metric: str) -> Spread:
+        return self.spread.get(metric, UNKNOWN)
 
 
 @dataclass
@@ -41,6 +107,19 @@ class Baseline:
     run: dict[str, Any]
     tolerance: float
     cells: dict[str, CellBaseline] = field(default_factory=dict)
+    #: metric → between-start spread pooled over the cells (unknown: every cell has one run)
+    spread: dict[str, Spread] = field(default_factory=dict)
+
+    @property
+    def runs(self) -> int:
+        """How many runs the file was made of (1 for a file without ``runs``)."""
+        runs = self.run.get("runs", 1)
+        return runs if isinstance(runs, int) and runs >= 1 else 1
+
+    @property
+    def spread_unknown(self) -> bool:
+        """No gated figure has runs enough to show the between-start spread."""
+        return not any(s.known for s in self.spread.values())
 
 
 def _line_of(text: str, needle: str, after: int = 0) -> int:
@@ -96,38 +175,195 @@ def load(path: str | Path) -> Baseline:
             raise err(header, str(exc)) from None
         if not isinstance(body, dict):
             raise err(header, f"cell {cid} must be a table of figures")
-        limits: dict[str, float] = {}
-        intervals: dict[str, tuple[float, float]] = {}
-        cell_tol = tolerance
-        for key, value in body.items():
-            line = _line_of(text, key, header)
-            if key == "tolerance":
-                cell_tol = _tolerance(value, err(line, ""))
+        baseline.cells[cid] = _cell(cid, body, tolerance, header, text, err)
+    _pool(baseline)
+    return baseline
+
+
+def _pool(baseline: Baseline) -> None:
+    """The between-start spread of each gated figure, pooled over the cells, on the baseline
+    and on each cell that has the figure."""
+    for metric in FIGURES:
+        with_runs = [c.runs[metric] for c in baseline.cells.values() if metric in c.runs]
+        if with_runs:
+            spread = pooled_spread(((r.values, r.intervals) for r in with_runs), baseline.runs)
+            baseline.spread[metric] = spread
+            for cell in baseline.cells.values():
+                if metric in cell.runs:
+                    cell.spread[metric] = spread
+
+
+def baseline_of(
+    runs: Sequence[Sequence[CellRecord]],
+    tolerance: float = DEFAULT_TOLERANCE,
+    path: str | Path = "<memory>",
+) -> Baseline:
+    """The baseline several runs' records make, in memory: what :func:`save` run by run and
+    :func:`load` would give, without the file's rounding (benchmarks gate with it)."""
+    figures: dict[str, dict[str, FigureRuns]] = {}
+    for records in runs:
+        for rec in records:
+            if rec.status is not Status.VALID:
                 continue
-            if key.endswith("_ci") and key[:-3] in FLOORS + CEILINGS:
-                pair = value if isinstance(value, list) else []
-                nums = [_number(v) for v in pair]
-                if len(nums) != 2 or None in nums or not 0 < nums[0] <= nums[1]:  # type: ignore[operator]
-                    raise err(
-                        line,
-                        f"{cid} {key} = {value!r} must be an interval [low, high] of two "
-                        "positive numbers, low ≤ high",
-                    )
-                intervals[key[:-3]] = (nums[0], nums[1])  # type: ignore[assignment]
-                continue
-            if key not in FLOORS + CEILINGS:
-                raise err(
-                    line,
-                    f"unknown figure {key!r} in {cid} (expected one of "
-                    f"{', '.join(FLOORS + CEILINGS)}, their _ci intervals, tolerance)",
-                )
+            cell = figures.setdefault(str(rec.id), {})
+            for metric, one, gated in _record_figures(rec):
+                if gated:
+                    old = cell.get(metric)
+                    value, ci = one.values[0], one.intervals[0]
+                    cell[metric] = old.add(value, ci) if old else one
+    baseline = Baseline(Path(path), {"runs": len(runs)}, tolerance)
+    for cid, cell in figures.items():
+        limits = {m: r.mean for m, r in cell.items()}
+        baseline.cells[cid] = CellBaseline(cid, limits, tolerance, 0, {}, dict(cell))
+    _pool(baseline)
+    return baseline
+
+
+def _interval(value: Any) -> Pair | None:
+    """``[low, high]`` of two positive numbers, low ≤ high; None for anything else."""
+    pair = value if isinstance(value, list) else []
+    nums = [_number(v) for v in pair]
+    if len(nums) != 2 or nums[0] is None or nums[1] is None or not 0 < nums[0] <= nums[1]:
+        return None
+    return (nums[0], nums[1])
+
+
+def _intervals(items: list[Any]) -> list[Pair | None]:
+    """Each run's interval; ``[]`` (a run without one) and a malformed item are None."""
+    return [None if v == [] else _interval(v) for v in items]
+
+
+def _split(key: str) -> tuple[str, str] | None:
+    """``total_tok_s_runs_ci`` → (``total_tok_s``, ``_runs_ci``); None for no figure's key."""
+    for suffix in ("_runs_ci", "_runs", "_ci", ""):
+        if key.endswith(suffix) and key[: len(key) - len(suffix)] in FIGURES:
+            return key[: len(key) - len(suffix)], suffix
+    return None
+
+
+def _cell(
+    cid: str,
+    body: Mapping[str, Any],
+    tolerance: float,
+    header: int,
+    text: str,
+    err: Any,
+) -> CellBaseline:
+    limits: dict[str, float] = {}
+    intervals: dict[str, Pair] = {}
+    values: dict[str, tuple[float, ...]] = {}
+    runs_ci: dict[str, tuple[Pair | None, ...]] = {}
+    lines: dict[str, int] = {}
+    own: float | None = None
+    for key, value in body.items():
+        line = _line_of(text, key, header)
+        if key == "tolerance":
+            own = _tolerance(value, err(line, ""))
+            continue
+        parts = _split(key)
+        if parts is None:
+            raise err(
+                line,
+                f"unknown figure {key!r} in {cid} (expected one of {', '.join(FIGURES)}, their "
+                "_ci intervals, _runs and _runs_ci, tolerance)",
+            )
+        metric, suffix = parts
+        lines[key] = line
+        if suffix == "":
             number = _number(value)
             if number is None or number <= 0:
                 raise err(line, f"{cid} {key} = {value!r} is not a positive number")
             limits[key] = number
-        intervals = {k: v for k, v in intervals.items() if k in limits}
-        baseline.cells[cid] = CellBaseline(cid, limits, cell_tol, header, intervals)
-    return baseline
+        elif suffix == "_ci":
+            pair = _interval(value)
+            if pair is None:
+                raise err(
+                    line,
+                    f"{cid} {key} = {value!r} must be an interval [low, high] of two positive "
+                    "numbers, low ≤ high",
+                )
+            intervals[metric] = pair
+        elif suffix == "_runs":
+            nums = [_number(v) for v in value] if isinstance(value, list) else []
+            if not nums or any(n is None or n <= 0 for n in nums):
+                raise err(
+                    line, f"{cid} {key} = {value!r} must be a list of positive numbers, one a run"
+                )
+            values[metric] = tuple(n for n in nums if n is not None)
+        else:
+            items = value if isinstance(value, list) else None
+            pairs = _intervals(items or [])
+            if items is None or any(
+                p is None and v != [] for p, v in zip(pairs, items, strict=True)
+            ):
+                raise err(
+                    line,
+                    f"{cid} {key} = {value!r} must be a list of intervals [low, high] (two "
+                    "positive numbers, low ≤ high), [] for a run without one",
+                )
+            runs_ci[metric] = tuple(pairs)
+    runs: dict[str, FigureRuns] = {}
+    for metric, reference in limits.items():
+        if metric in values:
+            cis = runs_ci.get(metric, ())
+            if cis and len(cis) != len(values[metric]):
+                raise err(
+                    lines[f"{metric}_runs_ci"],
+                    f"{cid} {metric}_runs_ci has {len(cis)} interval(s) for "
+                    f"{len(values[metric])} run(s) in {metric}_runs",
+                )
+            runs[metric] = FigureRuns(values[metric], cis)
+        else:
+            runs[metric] = FigureRuns((reference,), (intervals.get(metric),))
+    intervals = {k: v for k, v in intervals.items() if k in limits and k not in values}
+    return CellBaseline(
+        cid,
+        limits,
+        tolerance if own is None else own,
+        header,
+        intervals,
+        runs,
+        ungated=_commented(text, header, limits),
+        own_tolerance=own,
+    )
+
+
+_COMMENTED = re.compile(r"^#\s*([a-z_]+)\s*=\s*(.+)$")
+
+
+def _commented(text: str, header: int, gated: Iterable[str]) -> dict[str, FigureRuns]:
+    """Figures written commented out in a cell's table (``# ttft_ms = 2.1``, its ``_ci``,
+    ``_runs``, ``_runs_ci``): not gated, but kept when a run is added. A comment that does not
+    read as a figure is left alone."""
+    found: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines()[header:]:
+        stripped = line.strip()
+        if stripped.startswith("["):
+            break
+        m = _COMMENTED.match(stripped)
+        parts = _split(m.group(1)) if m else None
+        if m is None or parts is None or parts[0] in gated:
+            continue
+        try:
+            value = tomllib.loads(f"v = {m.group(2)}")["v"]
+        except tomllib.TOMLDecodeError:
+            continue
+        found.setdefault(parts[0], {})[parts[1]] = value
+    out: dict[str, FigureRuns] = {}
+    for metric, keys in found.items():
+        value = _number(keys.get(""))
+        if value is None or value <= 0:
+            continue
+        values = keys.get("_runs")
+        nums = [_number(v) for v in values] if isinstance(values, list) else []
+        if nums and all(n is not None and n > 0 for n in nums):
+            cis = keys.get("_runs_ci")
+            pairs = _intervals(cis) if isinstance(cis, list) else []
+            runs = tuple(n for n in nums if n is not None)
+            out[metric] = FigureRuns(runs, tuple(pairs) if len(pairs) == len(runs) else ())
+        else:
+            out[metric] = FigureRuns((value,), (_interval(keys.get("_ci")),))
+    return out
 
 
 def _tolerance(value: Any, where: BaselineError) -> float:
@@ -140,26 +376,78 @@ def _tolerance(value: Any, where: BaselineError) -> float:
     return number
 
 
-def mismatches(baseline: Baseline, run: dict[str, Any]) -> list[str]:
+def mismatches(
+    baseline: Baseline, run: Mapping[str, Any], keys: Sequence[str] = COMPARABLE
+) -> list[str]:
     """Settings that differ between the baseline's run and this one, in words."""
     out = []
-    for key in COMPARABLE:
+    for key in keys:
         old, new = baseline.run.get(key), run.get(key)
         if old is not None and new is not None and old != new:
             out.append(f"{key} {old} in the baseline, {new} now")
     return out
 
 
+def check_addable(path: str | Path, run: Mapping[str, Any]) -> Baseline | None:
+    """The baseline a run with these settings would be added to by :func:`save`: None when
+    there is no file at ``path`` (a new one would be written). :class:`BaselineMismatch` (one
+    line) when the file's runs were taken with other settings or another server version;
+    :class:`BaselineError` when it is broken. The pytest layer asks before any cell runs."""
+    p = Path(path)
+    if not p.exists():
+        return None
+    baseline = load(p)
+    diff = mismatches(baseline, run, SAME_RUNS)
+    if diff:
+        raise BaselineMismatch(
+            f"{p} holds runs taken with other settings ({'; '.join(diff)}): a run is added only "
+            "to runs of the same settings and server; save to another file, or delete this one "
+            "to start a new baseline"
+        )
+    return baseline
+
+
 # -- writing -------------------------------------------------------------------------------
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{text}"'
+@dataclass(frozen=True)
+class Saved:
+    """What :func:`save` wrote."""
+
+    path: Path
+    cells: int  # cells this run gave
+    runs: int  # runs the file holds now
+    added: bool  # the run was added to a baseline already there
+
+    def message(self) -> str:
+        """``baseline: 9 cells written to perf/b.toml`` or ``baseline: run 3 added to
+        perf/b.toml (9 cells; 3 runs now)``."""
+        if not self.added:
+            return f"baseline: {self.cells} cells written to {self.path}"
+        return (
+            f"baseline: run {self.runs} added to {self.path} ({self.cells} cells; "
+            f"{self.runs} runs now)"
+        )
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+def _write(path: Path, text: str) -> None:
+    """Atomically: a baseline being added to is never left half written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".llmspeed-", suffix=".toml")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def dump(
@@ -168,27 +456,169 @@ def dump(
     records: list[CellRecord],
     tolerance: float = DEFAULT_TOLERANCE,
 ) -> int:
-    """Write a baseline from measured cell records; returns the number of cells written."""
-    date = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-    text, count = render(run, records, tolerance, date)
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text, encoding="utf-8")
+    """Write a baseline from measured cell records (replacing any file at ``path``); returns
+    the number of cells written."""
+    text, count = render(run, records, tolerance, _now())
+    _write(Path(path), text)
     return count
 
 
-def _figure(
-    key: str, value: float, ci: tuple[float, float] | None, nd: int, prefix: str = ""
-) -> list[str]:
-    """``total_tok_s = 6987.0`` and, when measured, ``total_tok_s_ci = [6950.1, 7023.9]``
-    (rounded outwards, so rounding never narrows the interval)."""
-    out = [f"{prefix}{key} = {round(value, nd)!r}"]
-    if ci is not None:
-        step = 10.0**-nd
-        low = max(math.floor(ci[0] / step) * step, step)
-        high = math.ceil(ci[1] / step) * step
-        out.append(f"{prefix}{key}_ci = [{round(low, nd)!r}, {round(high, nd)!r}]")
+def save(
+    path: str | Path,
+    run: Mapping[str, Any],
+    records: Sequence[CellRecord],
+    tolerance: float = DEFAULT_TOLERANCE,
+    date: str | None = None,
+) -> Saved:
+    """Write a baseline from one run's records, or, when ``path`` already holds a baseline,
+    add this run to it (:func:`check_addable`: :class:`BaselineMismatch` when its settings
+    differ). Adding keeps the file's cells, tolerances and [run] settings, appends this run's
+    value and interval to every figure the file's cell has (gated or commented out), adds the
+    cells it lacks, and makes each reference the mean of its runs."""
+    p = Path(path)
+    date = date or _now()
+    existing = check_addable(p, run)
+    if existing is None:
+        text, count = render(dict(run), list(records), tolerance, date)
+        _write(p, text)
+        return Saved(p, count, 1, added=False)
+    text, count = render_added(existing, run, records, date)
+    _write(p, text)
+    return Saved(p, count, existing.runs + 1, added=True)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
+
+
+def _outwards(ci: Pair, nd: int) -> Pair:
+    """An interval rounded outwards to ``nd`` decimals (rounding never narrows it; a value
+    already rounded stays as it is, so adding a run does not widen the earlier runs')."""
+    step = 10.0**-nd
+    low = max(math.floor(round(ci[0] / step, 6)) * step, step)
+    high = math.ceil(round(ci[1] / step, 6)) * step
+    return (round(low, nd), round(high, nd))
+
+
+def _figure(key: str, runs: FigureRuns, nd: int, prefix: str = "") -> list[str]:
+    """One run: ``total_tok_s = 6987.0`` and, when measured, ``total_tok_s_ci = [6950.1,
+    7023.9]`` (rounded outwards). Several: the mean, ``total_tok_s_runs = [...]`` and, when any
+    run has an interval, ``total_tok_s_runs_ci = [[l, h], [], ...]``."""
+    values = [round(v, nd) for v in runs.values]
+    if len(values) == 1:
+        out = [f"{prefix}{key} = {values[0]!r}"]
+        ci = runs.intervals[0]
+        if ci is not None:
+            low, high = _outwards(ci, nd)
+            out.append(f"{prefix}{key}_ci = [{low!r}, {high!r}]")
+        return out
+    mean = round(sum(values) / len(values), nd)
+    out = [
+        f"{prefix}{key} = {mean!r}",
+        f"{prefix}{key}_runs = [{', '.join(repr(v) for v in values)}]",
+    ]
+    if any(ci is not None for ci in runs.intervals):
+        pairs = []
+        for ci in runs.intervals:
+            if ci is None:
+                pairs.append("[]")
+            else:
+                low, high = _outwards(ci, nd)
+                pairs.append(f"[{low!r}, {high!r}]")
+        out.append(f"{prefix}{key}_runs_ci = [{', '.join(pairs)}]")
     return out
+
+
+#: a cell's figures as written: (metric, runs, gated)
+_Figures = list[tuple[str, FigureRuns, bool]]
+
+
+def _record_figures(rec: CellRecord) -> _Figures:
+    """A valid record's figures in the file's order: floors gated, ceilings commented out."""
+
+    def one(metric: str) -> FigureRuns:
+        return FigureRuns((float(getattr(rec, metric)),), (getattr(rec, f"{metric}_ci"),))
+
+    if rec.phase is Phase.PREFILL:
+        assert rec.prompt_tok_s is not None and rec.ttft_ms is not None
+        return [("prompt_tok_s", one("prompt_tok_s"), True), ("ttft_ms", one("ttft_ms"), False)]
+    assert rec.total_tok_s is not None
+    out: _Figures = [("total_tok_s", one("total_tok_s"), True)]
+    if rec.per_request_tok_s:
+        out.append(("per_request_tok_s", one("per_request_tok_s"), True))
+    if rec.ttft_ms:
+        out.append(("ttft_ms", one("ttft_ms"), False))
+    if rec.tbt_ms:
+        out.append(("tbt_ms", one("tbt_ms"), False))
+    return out
+
+
+_HEADER = [
+    "# pytest-llmspeed baseline: the figures a later run must not fall below (floors) or",
+    "# rise above (ceilings), each with a tolerance. Written by --llm-save-baseline;",
+    "# edit freely.",
+    "# Gate a run with:  pytest --llm-baseline=THIS_FILE ...",
+]
+_CELLS_HEADER = [
+    "# Per cell: floors (total_tok_s, per_request_tok_s, prompt_tok_s) and optional ceilings",
+    "# (ttft_ms, tbt_ms: uncomment to gate latency). 'tolerance = 0.1' overrides the default.",
+    "# A figure's 95 % interval (NAME_ci = [low, high]) makes the gate allow for noise: a",
+    "# figure fails only when past its limit and worse than its reference beyond the noise",
+    "# of both (docs/gate.md).",
+]
+_RUNS_HEADER = [
+    "# Made of several runs: a figure is the mean of its runs (NAME_runs), each run's 95 %",
+    "# interval beside them (NAME_runs_ci; [] for a run without one). Their spread is the",
+    "# between-run noise the gate allows for (docs/gate.md, 'Across restarts'). The same",
+    "# command with --llm-save-baseline=THIS_FILE adds a run; edit a figure and the gate",
+    "# uses your value as the reference.",
+]
+
+
+def _render(
+    run: Mapping[str, Any],
+    tolerance: float,
+    cells: Sequence[tuple[str, _Figures, float | None]],
+    runs: int,
+) -> str:
+    several = runs > 1
+    lines = [*_HEADER, ""]
+    if several:
+        lines.append(
+            "[run]  # the runs the figures come from; a baseline of other settings gives a warning"
+        )
+    else:
+        lines.append(
+            "[run]  # the run the figures come from; a baseline of other settings gives a warning"
+        )
+    for key, value in run.items():
+        if value is not None and isinstance(value, str | int | float | bool | list):
+            lines.append(f"{key} = {_toml_value(value)}")
+    lines += [
+        "",
+        "[defaults]",
+        f"tolerance = {tolerance!r}  # a cell fails when worse than its reference by more than "
+        "this fraction",
+        "",
+        *_CELLS_HEADER,
+    ]
+    if several:
+        lines += _RUNS_HEADER
+    for cid, figures, own in cells:
+        lines += ["", f'[cells."{cid}"]']
+        for metric, figure_runs, gated in figures:
+            nd = _DIGITS.get(metric, 1)
+            lines += _figure(metric, figure_runs, nd, "" if gated else "# ")
+        if own is not None:
+            lines.append(f"tolerance = {own!r}")
+    return "\n".join(lines) + "\n"
 
 
 def render(
@@ -197,49 +627,52 @@ def render(
     tolerance: float = DEFAULT_TOLERANCE,
     date: str = "",
 ) -> tuple[str, int]:
-    """The baseline file's text for the valid cells of ``records``, and their number."""
-    lines = [
-        "# pytest-llmspeed baseline: the figures a later run must not fall below (floors) or",
-        "# rise above (ceilings), each with a tolerance. Written by --llm-save-baseline;",
-        "# edit freely.",
-        "# Gate a run with:  pytest --llm-baseline=THIS_FILE ...",
-        "",
-        "[run]  # the run the figures come from; a baseline of other settings gives a warning",
-        f"date = {_toml_value(date)}",
+    """The baseline file's text for the valid cells of one run's ``records``, and their
+    number."""
+    cells = [
+        (str(rec.id), _record_figures(rec), None) for rec in records if rec.status is Status.VALID
     ]
-    for key, value in run.items():
-        if value is not None and isinstance(value, str | int | float | bool):
-            lines.append(f"{key} = {_toml_value(value)}")
-    lines += [
-        "",
-        "[defaults]",
-        f"tolerance = {tolerance!r}  # a cell fails when worse than its reference by more than "
-        "this fraction",
-        "",
-        "# Per cell: floors (total_tok_s, per_request_tok_s, prompt_tok_s) and optional ceilings",
-        "# (ttft_ms, tbt_ms: uncomment to gate latency). 'tolerance = 0.1' overrides the default.",
-        "# A figure's 95 % interval (NAME_ci = [low, high]) makes the gate allow for noise: a",
-        "# figure fails only when worse than the limit beyond both intervals (docs/gate.md).",
-    ]
-    count = 0
-    for rec in records:
-        if rec.status is not Status.VALID:
-            continue
-        count += 1
-        lines += ["", f'[cells."{rec.id}"]']
-        if rec.phase is Phase.PREFILL:
-            assert rec.prompt_tok_s is not None and rec.ttft_ms is not None
-            lines += _figure("prompt_tok_s", rec.prompt_tok_s, rec.prompt_tok_s_ci, 1)
-            lines += _figure("ttft_ms", rec.ttft_ms, rec.ttft_ms_ci, 1, "# ")
-            continue
-        assert rec.total_tok_s is not None
-        lines += _figure("total_tok_s", rec.total_tok_s, rec.total_tok_s_ci, 1)
-        if rec.per_request_tok_s:
-            lines += _figure(
-                "per_request_tok_s", rec.per_request_tok_s, rec.per_request_tok_s_ci, 1
-            )
-        if rec.ttft_ms:
-            lines += _figure("ttft_ms", rec.ttft_ms, rec.ttft_ms_ci, 1, "# ")
-        if rec.tbt_ms:
-            lines += _figure("tbt_ms", rec.tbt_ms, rec.tbt_ms_ci, 3, "# ")
-    return "\n".join(lines) + "\n", count
+    return _render({"date": date, **run}, tolerance, cells, 1), len(cells)
+
+
+def render_added(
+    baseline: Baseline, run: Mapping[str, Any], records: Sequence[CellRecord], date: str
+) -> tuple[str, int]:
+    """The text of ``baseline`` with one more run (``records``), and the number of this run's
+    cells written. The [run] table keeps the first run's settings and counts the runs and
+    their dates."""
+    valid = {str(r.id): r for r in records if r.status is Status.VALID}
+    cells: list[tuple[str, _Figures, float | None]] = []
+    for cid, entry in baseline.cells.items():
+        rec = valid.pop(cid, None)
+        new = {m: r for m, r, _ in _record_figures(rec)} if rec is not None else {}
+        figures: _Figures = []
+        for metric in FIGURES:
+            gated = metric in entry.limits
+            if gated:
+                runs = entry.figure_runs(metric)
+            elif metric in entry.ungated:
+                runs = entry.ungated[metric]
+            else:
+                continue  # not in the file (removed by hand): not added back
+            if metric in new:
+                runs = runs.add(new[metric].values[0], new[metric].intervals[0])
+            figures.append((metric, runs, gated))
+        figures.sort(key=lambda f: _ORDER.index(f[0]))
+        cells.append((cid, figures, entry.own_tolerance))
+    for cid, rec in valid.items():
+        cells.append((cid, _record_figures(rec), None))
+    count = sum(1 for r in records if r.status is Status.VALID)
+    info = dict(baseline.run)
+    dates = info.pop("dates", None)
+    if not isinstance(dates, list):
+        dates = [info["date"]] if isinstance(info.get("date"), str) else []
+    info.pop("runs", None)
+    first = {"date": info.pop("date", dates[0] if dates else date)}
+    first["runs"] = baseline.runs + 1
+    first["dates"] = [*dates, date]
+    return _render({**first, **info}, baseline.tolerance, cells, baseline.runs + 1), count
+
+
+#: the order figures are written in
+_ORDER = ("prompt_tok_s", "total_tok_s", "per_request_tok_s", "ttft_ms", "tbt_ms")

@@ -240,4 +240,5 @@ def gate_lines(path: object, acc: Accounting, missing_fails: bool = True) -> lis
         lines.append("  deselected: " + ", ".join(acc.deselected))
     if acc.no_floor:
         lines.append("  no floor (not in the baseline): " + ", ".join(acc.no_floor))
+    lines.append(f"  {acc.spread_line()}")
     return lines

@@ -63,6 +63,10 @@ class SimOptions:
     faults: str | None = None
     quirks: str | None = None
     replicas: int = 1  # simulator processes, each its own engine (the plugin's sim:...?replicas=)
+    #: between-start noise: each start multiplies the speed by exp(F·z − F²/2), z standard normal
+    start_noise: float = 0.0
+    #: seeds that draw (exact, for tests); None: fresh OS entropy at each start
+    start_seed: int | None = None
 
     def __post_init__(self) -> None:
         profile = get_profile(self.profile)
@@ -74,6 +78,8 @@ class SimOptions:
             raise ValueError(f"speed must be positive, got {self.speed}")
         if not 0 <= self.noise < 1:
             raise ValueError(f"noise must be a fraction in [0, 1), got {self.noise}")
+        if not 0 <= self.start_noise < 1:
+            raise ValueError(f"start_noise must be a fraction in [0, 1), got {self.start_noise}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.stream_interval < 1:
@@ -120,6 +126,8 @@ _CONVERTERS: dict[str, Any] = {
     "faults": str,
     "quirks": str,
     "replicas": int,
+    "start_noise": float,
+    "start_seed": int,
 }
 
 
@@ -247,12 +255,15 @@ def cli_args(options: SimOptions) -> list[str]:
         "--stream-interval",
         str(options.stream_interval),
     ]
+    if options.start_noise:
+        args += ["--start-noise", repr(options.start_noise)]
     for flag, value in (
         ("--kv-capacity", options.kv_capacity),
         ("--max-model-len", options.max_model_len),
         ("--api-key", options.api_key),
         ("--faults", options.faults),
         ("--quirks", options.quirks),
+        ("--start-seed", options.start_seed),
     ):
         if value is not None:
             args += [flag, str(value)]
@@ -314,7 +325,8 @@ def running_simulator_processes(
     options: SimOptions | None = None, start_timeout: float = 60.0
 ) -> Iterator[list[str]]:
     """``options.replicas`` simulators, each in its own process with its own engine (replica
-    i draws its randomness from ``seed + i``); yield their base URLs."""
+    i draws its randomness from ``seed + i``, and its start factor from ``start_seed + i`` when
+    given: each replica is a start of its own); yield their base URLs."""
     import contextlib
     import dataclasses
 
@@ -323,7 +335,13 @@ def running_simulator_processes(
         urls = [
             stack.enter_context(
                 running_simulator_process(
-                    dataclasses.replace(opts, seed=opts.seed + i, replicas=1), start_timeout
+                    dataclasses.replace(
+                        opts,
+                        seed=opts.seed + i,
+                        start_seed=None if opts.start_seed is None else opts.start_seed + i,
+                        replicas=1,
+                    ),
+                    start_timeout,
                 )
             )
             for i in range(opts.replicas)

@@ -58,7 +58,24 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FRACTION",
         help="seeded multiplicative jitter on step times, e.g. 0.03 (default 0)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of every random draw in a run (default 0)"
+    )
+    parser.add_argument(
+        "--start-noise",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="between-start noise: this start's speed is multiplied by exp(F*z - F^2/2), z "
+        "standard normal, e.g. 0.03 (default 0)",
+    )
+    parser.add_argument(
+        "--start-seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="seed of the start factor's draw (default: fresh OS entropy at each start)",
+    )
     parser.add_argument(
         "--api-key",
         default=None,
@@ -101,9 +118,10 @@ async def serve(options: SimOptions) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         url = await server.start()
+        start = f", start factor {server.start_factor!r}" if options.start_noise else ""
         print(
             f"llmspeed-sim listening on {url} (profile {options.profile}, speed "
-            f"{options.speed:g}, model {server.model_name})",
+            f"{options.speed:g}, model {server.model_name}{start})",
             flush=True,
         )
         await stop.wait()
@@ -127,6 +145,8 @@ def main(argv: list[str] | None = None) -> None:
             max_model_len=args.max_model_len,
             noise=args.noise,
             seed=args.seed,
+            start_noise=args.start_noise,
+            start_seed=args.start_seed,
             api_key=args.api_key,
             stream_interval=args.stream_interval,
             faults=args.faults,

@@ -251,6 +251,16 @@ def block_hashes(ids: Sequence[int], block_size: int) -> list[int]:
     return out
 
 
+def start_factor(noise: float, seed: int | None = None) -> float:
+    """The speed factor of one start of a server: ``exp(F·z − F²/2)``, z standard normal (mean
+    1), drawn from ``numpy.random.default_rng(seed)`` — fresh OS entropy when ``seed`` is None,
+    so two starts differ as a real server's do. Exactly 1 when ``noise`` is 0."""
+    if noise == 0:
+        return 1.0
+    z = float(np.random.default_rng(seed).standard_normal())
+    return math.exp(noise * z - noise * noise / 2)
+
+
 class EngineCore:
     """Scheduler + step-time model + KV cache of one simulated vLLM engine."""
 

@@ -57,6 +57,7 @@ def render_metrics(server: SimServer) -> str:
             speed=repr(opts.speed),
             noise=repr(opts.noise),
             seed=str(opts.seed),
+            start_factor=repr(server.start_factor),
             version=p.version,
         )
         + " 1.0"

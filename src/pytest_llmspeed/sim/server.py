@@ -22,7 +22,7 @@ import numpy as np
 from aiohttp import web
 
 from . import SimOptions, parse_quirks
-from .engine import EngineCore, SimRequest
+from .engine import EngineCore, SimRequest, start_factor
 from .faults import FaultSpec, parse_faults
 from .profiles import Profile, get_profile
 from .tokenizer import BYTE_BASE, Tokenizer
@@ -385,10 +385,14 @@ class SimServer:
         self.faults: FaultSpec = parse_faults(options.faults)
         self.quirks = parse_quirks(options.quirks)
         self.burst_until = -1.0
+        #: this start's speed factor (``start_noise``), drawn once: every time is divided by
+        #: ``speed`` = the option's speed × the factor
+        self.start_factor = start_factor(options.start_noise, options.start_seed)
+        self.speed = options.speed * self.start_factor
         self.core = EngineCore(
             self.profile,
             kv_capacity=options.effective_kv_capacity,
-            speed=options.speed,
+            speed=self.speed,
             noise=options.noise,
             seed=options.seed,
         )
@@ -418,6 +422,7 @@ class SimServer:
         r.add_post("/detokenize", self.detokenize)
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat_completions)
+        r.add_get("/sim/info", self.info)
         r.add_get("/sim/trace", self.get_trace)
         r.add_delete("/sim/trace", self.clear_trace)
         r.add_put("/sim/api-key", self.put_api_key)
@@ -673,7 +678,7 @@ class SimServer:
         err: ApiError | None = None
         if arrival < self.burst_until or u_burst < f.burst503:
             if arrival >= self.burst_until:
-                self.burst_until = arrival + f.burst_s / self.options.speed
+                self.burst_until = arrival + f.burst_s / self.speed
             reason = "burst503"
             err = ApiError(
                 503,
@@ -928,9 +933,27 @@ class SimServer:
             raise ApiError(400, str(exc), "BadRequestError") from None
         return web.json_response({"faults": body.get("faults")})
 
+    def start_info(self) -> dict[str, Any]:
+        """This start: its speed factor and the speed it runs at."""
+        opts = self.options
+        return {
+            "start_factor": self.start_factor,
+            "start_noise": opts.start_noise,
+            "start_seed": opts.start_seed,
+            "speed": self.speed,
+            "option_speed": opts.speed,
+        }
+
+    async def info(self, request: web.Request) -> web.Response:
+        return web.json_response({"profile": self.profile.name, **self.start_info()})
+
     async def get_trace(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {"clock": "perf_counter", "requests": [r.as_dict() for r in self.trace]}
+            {
+                "clock": "perf_counter",
+                "start_factor": self.start_factor,
+                "requests": [r.as_dict() for r in self.trace],
+            }
         )
 
     async def clear_trace(self, request: web.Request) -> web.Response:

@@ -1,0 +1,226 @@
+"""The gate's two levels of noise (docs/gate.md, "Across restarts"), case by case, in exact
+arithmetic: a baseline of several runs whose spread makes a −10 % figure noisy where a one-run
+baseline fails it; confirmations on fresh starts judged on the mean of all; attempts on one
+start judged as before; the spread's degrees of freedom; what the summary says."""
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from pytest_llmspeed.gate.baseline import Baseline, CellBaseline, FigureRuns, baseline_of, load
+from pytest_llmspeed.gate.noise import Spread, pooled_spread, t_quantile
+from pytest_llmspeed.gate.verdict import SPREAD_UNKNOWN, account, gated, verdict, wants_another
+from pytest_llmspeed.results import (
+    CellId,
+    CellRecord,
+    Check,
+    Outcome,
+    Results,
+    RunInfo,
+    Status,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+ID = "decode[8K-c4]"
+# three runs 97, 100, 103 (no intervals) whose figure spreads 3 % between starts, pooled over
+# the baseline's cells with 4 degrees of freedom: u_R = 3 % / √3, q = t(99 %, 4) = 3.747
+SPREAD = Spread(0.03, 4, 2)
+THREE = CellBaseline(
+    ID,
+    {"total_tok_s": 100.0},
+    0.05,
+    1,
+    runs={"total_tok_s": FigureRuns((97.0, 100.0, 103.0))},
+    spread={"total_tok_s": SPREAD},
+)
+ONE = CellBaseline(ID, {"total_tok_s": 100.0}, 0.05, 1)  # floor 95, no noise known
+TTFT = CellBaseline(
+    ID,
+    {"ttft_ms": 100.0},
+    0.05,
+    1,
+    runs={"ttft_ms": FigureRuns((97.0, 100.0, 103.0))},
+    spread={"ttft_ms": SPREAD},
+)
+Q = 3.7469474
+U_R = 0.03 / math.sqrt(3)
+
+
+def cell(total=None, ttft=None):
+    return CellRecord(CellId.parse(ID), Status.VALID, 8192, total_tok_s=total, ttft_ms=ttft)
+
+
+def margin(x, var):
+    """q · √(X² u_X² + R² u_R²), R = 100."""
+    return Q * math.sqrt(x * x * var + (100 * U_R) ** 2)
+
+
+def test_a_check_carries_the_baselines_noise():
+    (check,) = verdict(THREE, [cell(total=90.0)]).checks
+    assert check.reference_se == pytest.approx(U_R, rel=1e-12)
+    assert (check.spread, check.spread_dof, check.reference_runs) == (0.03, 4, 3)
+    assert check.quantile == pytest.approx(Q, abs=1e-6)
+    assert check.margin(90.0, 0.03**2) == pytest.approx(margin(90.0, 0.03**2), rel=1e-6)
+
+
+def test_minus_ten_percent_fails_a_one_run_baseline_and_is_noisy_against_three_runs():
+    assert verdict(ONE, [cell(total=90.0)]).outcome is Outcome.REGRESSION
+    result = verdict(THREE, [cell(total=90.0)])
+    # past the floor of 95, but 10 below the reference within q·√(2.7² + 1.73²) = 12.0
+    assert margin(90.0, 0.03**2) == pytest.approx(12.02, abs=0.01)
+    assert result.outcome is Outcome.PASS and result.noisy
+    # −15 %: 15 beyond q·√(2.55² + 1.73²) = 11.55
+    assert verdict(THREE, [cell(total=85.0)]).outcome is Outcome.REGRESSION
+
+
+def test_fresh_starts_are_judged_on_the_mean_of_all_the_attempts():
+    values = [90.0, 88.0, 87.0, 89.0]
+    attempts = [cell(total=v) for v in values]
+    # the first is past its limit (noisy): every confirmation is taken, none stops it
+    for n in (1, 2, 3):
+        assert wants_another(THREE, attempts[:n], confirm=3, fresh_starts=True)
+    assert not wants_another(THREE, attempts, confirm=3, fresh_starts=True)
+    assert wants_another(THREE, [cell(total=90.0), cell(total=100.0)], 3, fresh_starts=True)
+    # the mean 88.5 of four starts: variance 0.03² / 4, 11.5 beyond q·√(1.33² + 1.73²) = 8.2
+    assert margin(88.5, 0.03**2 / 4) == pytest.approx(8.18, abs=0.01)
+    result = verdict(THREE, attempts, fresh_starts=True)
+    assert result.outcome is Outcome.REGRESSION
+    (check,) = result.checks
+    assert check.fresh_starts and check.regressed
+    # a first attempt inside its limit is not re-measured
+    assert not wants_another(THREE, [cell(total=96.0)], confirm=3, fresh_starts=True)
+
+
+def test_a_passing_confirmation_counts_in_the_mean_on_fresh_starts():
+    attempts = [cell(total=v) for v in (85.0, 100.0, 99.0)]
+    # 85 alone misses; the mean 94.7 of three starts is past 95 but within the noise
+    assert verdict(THREE, attempts[:1], fresh_starts=True).outcome is Outcome.REGRESSION
+    result = verdict(THREE, attempts, fresh_starts=True)
+    assert result.outcome is Outcome.PASS and result.noisy
+
+
+def test_attempts_on_one_start_keep_the_every_attempt_rule():
+    # the start's own offset is in every attempt: their mean does not shrink the spread
+    attempts = [cell(total=v) for v in (85.0, 84.0)]
+    assert wants_another(THREE, attempts[:1], confirm=1)
+    assert verdict(THREE, attempts).outcome is Outcome.REGRESSION
+    (check,) = verdict(THREE, attempts).checks
+    assert check.variance() == pytest.approx(0.03**2)  # σ_b² + mean w² / n, w = 0
+    noisy_first = [cell(total=90.0)]
+    assert not wants_another(THREE, noisy_first, confirm=1)  # noisy is not a miss
+    assert verdict(THREE, [cell(total=85.0), cell(total=90.0)]).outcome is Outcome.PASS
+
+
+def test_improvements_and_ceilings_mirror_the_floor():
+    assert verdict(THREE, [cell(total=112.0)]).outcome is Outcome.PASS  # 12 < 14.2
+    assert verdict(THREE, [cell(total=120.0)]).outcome is Outcome.IMPROVEMENT  # 20 > 15.0
+    assert verdict(TTFT, [cell(ttft=115.0)]).outcome is Outcome.REGRESSION  # 15 > 14.5
+    slow = verdict(TTFT, [cell(ttft=112.0)])  # 12 < 14.2
+    assert slow.outcome is Outcome.PASS and slow.noisy
+
+
+def test_the_window_noise_adds_to_the_spread():
+    # an attempt with its own ±2 % (w = 1.02 %): u_X² = 0.03² + w²
+    x = 88.0
+    rec = dataclasses.replace(cell(total=x), total_tok_s_ci=(x * 0.98, x * 1.02))
+    (check,) = verdict(THREE, [rec]).checks
+    w = 0.02 / 1.959963984540054
+    assert check.variance() == pytest.approx(0.03**2 + w**2, rel=1e-9)
+    assert check.noisy  # 12 below, within q·√(88²(0.03² + w²) + 1.73²) = 12.6
+
+
+def test_a_one_run_baseline_says_its_spread_is_unknown():
+    (check,) = verdict(ONE, [cell(total=100.0)]).checks
+    assert check.spread is None and not check.spread_known
+    assert verdict(ONE, [cell(total=100.0)]).spread_unknown
+    assert not verdict(THREE, [cell(total=100.0)]).spread_unknown
+    baseline = Baseline(Path("b.toml"), {}, 0.05, {ID: ONE}, {"total_tok_s": Spread(None)})
+    acc = account(baseline, [cell(total=100.0)], {ID})
+    assert acc.spread_unknown and acc.spread_line() == SPREAD_UNKNOWN
+    assert SPREAD_UNKNOWN == (
+        "between-run spread unknown (a one-run baseline): make the baseline from several runs, "
+        "--llm-runs=3 or --llm-save-baseline=FILE run again"
+    )
+    several = Baseline(Path("b.toml"), {"runs": 3}, 0.05, {ID: THREE}, {"total_tok_s": SPREAD})
+    assert account(several, [], set()).spread_line() == (
+        "between-run spread from 3 runs: total tok/s 3.0% (4 d.f.)"
+    )
+
+
+def test_messages_name_the_runs_and_the_spread():
+    (reg,) = verdict(THREE, [cell(total=85.0)]).checks
+    assert reg.message() == (
+        "decode[8K-c4] total tok/s 85.0 ±5.9% < floor 95.0 (baseline of 3 runs 100.0 ±3.4% "
+        "− 5%): −15.0%, beyond the noise (between-run spread 3.0%)"
+    )
+    (noisy,) = verdict(THREE, [cell(total=90.0)]).checks
+    assert noisy.noisy_message() == (
+        "decode[8K-c4] total tok/s 90.0 ±5.9% is past its limit 95.0 (−10.0% against baseline "
+        "of 3 runs 100.0 ±3.4%), but within the noise between runs (spread 3.0%): too noisy to "
+        "tell (more runs in the baseline, or confirmations on fresh starts, narrow it)"
+    )
+    fresh = verdict(THREE, [cell(total=v) for v in (90.0, 88.0)], fresh_starts=True)
+    assert fresh.checks[0].message().endswith("[attempts on fresh starts: 90.0, 88.0]")
+
+
+def test_a_check_with_the_new_keys_is_written_read_back_and_valid():
+    rec = dataclasses.replace(cell(total=90.0), total_tok_s_ci=(89.0, 91.0))
+    attempts = [rec, cell(total=88.0)]
+    result = verdict(THREE, attempts, fresh_starts=True)
+    (check,) = result.checks
+    data = check.to_v1()
+    assert data["values_ci"] == [[89.0, 91.0], []]
+    assert (data["spread"], data["spread_dof"], data["reference_runs"]) == (0.03, 4, 3)
+    assert data["fresh_starts"] is True and data["verdict"] == "regressed"
+    assert Check.from_v1(ID, data) == check
+    record = gated(rec, result, attempts)
+    doc = Results(RunInfo("pytest-llmspeed", "2026-12-01", "sim"), (record,)).to_document()
+    schema = json.loads((ROOT / "docs" / "results.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(doc)
+
+
+# -- the spread's degrees of freedom ----------------------------------------------------------
+
+
+def cells_of(deviations):
+    """Cells whose runs deviate from 100 by these relative amounts, no intervals."""
+    return [(tuple(100 * (1 + d) for d in devs), (None,) * len(devs)) for devs in deviations]
+
+
+def test_a_start_effect_shared_by_every_cell_has_the_runs_degrees_of_freedom():
+    shared = cells_of([(-0.02, 0.0, 0.02)] * 4)  # every cell slow in run 1, fast in run 3
+    spread = pooled_spread(shared, runs=3)
+    assert spread.dof == 2  # three starts, whatever the number of cells (pooled would say 8)
+    assert spread.quantile == pytest.approx(t_quantile(0.99, 2))
+
+
+def test_cells_that_move_independently_keep_most_of_the_pooled_ones():
+    # the runs' means are 0: no common part; Satterthwaite gives (C − 1)(R − 1) = 4 of 6
+    own = cells_of([(0.01, 0.0, -0.01), (-0.01, 0.01, 0.0), (0.0, -0.01, 0.01)])
+    assert pooled_spread(own, runs=3).dof == 4
+    # without run alignment (runs unknown): the longest cell's own k − 1
+    assert pooled_spread(own).dof == 2
+
+
+def test_baseline_of_runs_pools_as_a_file_would(tmp_path):
+    runs = [
+        [
+            cell(total=100.0 * f),
+            dataclasses.replace(cell(total=200.0 * f), id=CellId.parse("decode[8K-c8]")),
+        ]
+        for f in (0.97, 1.0, 1.03)
+    ]
+    base = baseline_of(runs)
+    assert base.runs == 3 and base.spread["total_tok_s"].dof == 2
+    assert base.spread["total_tok_s"].sigma == pytest.approx(0.03, rel=1e-9)
+    path = tmp_path / "b.toml"
+    path.write_text(
+        "[run]\nruns = 3\n\n"
+        '[cells."decode[8K-c4]"]\ntotal_tok_s = 100.0\ntotal_tok_s_runs = [97.0, 100.0, 103.0]\n'
+        '[cells."decode[8K-c8]"]\ntotal_tok_s = 200.0\ntotal_tok_s_runs = [194.0, 200.0, 206.0]\n'
+    )
+    assert load(path).spread["total_tok_s"] == base.spread["total_tok_s"]
