@@ -15,12 +15,12 @@ pytestmark = pytest.mark.slow
 STEADY = "sim:tiny?speed=1&noise=0.01"
 
 
-def run(pytester, *args, endpoint=STEADY):
+def run(pytester, *args, endpoint=STEADY, max_output=128):
     return pytester.runpytest(
         f"--llm-endpoint={endpoint}",
         "--llm-contexts=1K",
         "--llm-concurrency=1,4",
-        "--llm-max-output=128",
+        f"--llm-max-output={max_output}",
         "--llm-results=out.json",
         "--junitxml=out.xml",
         *args,
@@ -55,18 +55,30 @@ def test_every_decode_cell_has_its_intervals_in_every_output(pytester):
 
 
 def test_precision_ends_a_steady_window_early_and_says_what_it_reached(pytester):
-    result = run(pytester, "--llm-duration=20", "--llm-precision=2%", "--llm-min-duration=2")
+    # A busy machine makes the steady server less so: it delays a stream's restart (tens of ms
+    # in a 128-token request's 0.26 s) or stalls a process for 0.2 s now and then. With 512
+    # tokens a request and up to 30 s, each window still gets within ±2 % (7-19 s beside two
+    # busy loops; 6-10 s on a quiet machine)
+    result = run(
+        pytester,
+        "--llm-duration=30",
+        "--llm-precision=2%",
+        "--llm-min-duration=2",
+        max_output=512,
+    )
     result.assert_outcomes(passed=3)
     for cid, c in cells(pytester).items():
         assert c["window_end"] == "precision", cid
-        # the window's end is decided on the events received so far; the figure's interval
-        # is computed on the tokens afterwards: the two agree closely, not exactly
-        assert c["measured_s"] < 15 and c["precision"] <= 0.022, cid
+        assert 2 <= c["measured_s"] < 30, cid
+        # the window's end is decided on the tokens received so far, and the cell's interval
+        # is computed on those same tokens (tests/unit/test_early_end.py): within the goal
+        assert c["precision"] <= 0.02, cid
         low, high = c["total_tok_s_ci"]
-        assert (high - low) / 2 <= 0.022 * c["total_tok_s"]
+        figure = c["total_tok_s"]  # the three rounded to 0.01 tok/s in the results: 0.011
+        assert max(figure - low, high - figure) <= 0.02 * figure + 0.011, cid
     result.stdout.fnmatch_lines(
         [
-            "llmspeed: * · window 2–20 s, until ±2.0% · *",
+            "llmspeed: * · window 2–30 s, until ±2.0% · *",
             "  window ended early, precise enough (--llm-precision): decode[[]1K-c1[]] (±*% "
             "after * s), decode[[]1K-c4[]] (±*% after * s)",
         ]

@@ -421,9 +421,14 @@ class DecodeTick:
 class _LiveEvents:
     """Tokens received so far, by arrival time, read incrementally from the records' raw
     reads while the streams are open (their exact accounting comes after they end): each read
-    brings the rise of its stream's running ``usage.completion_tokens``, or, on a server that
-    sends none, one per SSE event. For the early end (``--llm-precision``) and the live
-    display (:class:`DecodeTick`)."""
+    brings the rise of its stream's running ``usage.completion_tokens`` over the events it
+    completes (an event cut by a read's end counts with the read that ends it, as
+    :func:`~.wire.split_events` times it), or, on a server that sends none, one per SSE event.
+    For the early end (``--llm-precision``) and the live display (:class:`DecodeTick`).
+
+    On a server with usage in every chunk these are the tokens, times and spreading the
+    window's interval is computed from after the cell (:func:`~.stats.window_tokens`), so an
+    early-ended cell's ``precision`` is the half-width the early end's test saw."""
 
     def __init__(self) -> None:
         self.cursor: list[int] = []
@@ -441,14 +446,23 @@ class _LiveEvents:
         )
         self.counted: list[int] = []  # tokens of each record put in ``counts`` so far
         self.last: list[float | None] = []  # each record's latest arrival with tokens
+        self.cut: list[bytes] = []  # each record's event begun but not ended by its last read
 
     def update(self, records: list[StreamRecord]) -> None:
         self.cursor.extend([0] * (len(records) - len(self.cursor)))
         self.counted.extend([0] * (len(records) - len(self.counted)))
         self.last.extend([None] * (len(records) - len(self.last)))
+        self.cut.extend([b""] * (len(records) - len(self.cut)))
         for i, rec in enumerate(records):
             reads = rec.reads
+            cut = self.cut[i]
             for t, data in reads[self.cursor[i] :]:
+                if cut or not data.endswith(b"\n"):  # an event cut by a read's end
+                    end = data.rfind(b"\n") + 1
+                    if end == 0:  # ends no event: its bytes wait for the read that does
+                        cut += data
+                        continue
+                    data, cut = cut + data[:end], data[end:]
                 n, usage = live_tokens(data)
                 rise = n if usage is None else max(usage - self.counted[i], 0)
                 if rise:
@@ -459,6 +473,7 @@ class _LiveEvents:
                     self.starts.append(t if previous is None else previous)
                     self.last[i] = t
             self.cursor[i] = len(reads)
+            self.cut[i] = cut
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Arrival, tokens and previous arrival of every read so far, as arrays; only the

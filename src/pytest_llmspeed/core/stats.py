@@ -81,24 +81,27 @@ def _pct(values: Sequence[float], q: float) -> float | None:
 
 
 def window_tokens(traces: Sequence[RequestTrace]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every chunk's arrival time, token count, and when its stream's previous chunk arrived
-    (its own time for a stream's first chunk), all requests together."""
-    times: list[float] = []
-    counts: list[int] = []
-    starts: list[float] = []
+    """Every chunk's arrival time, token count, and when its stream's tokens arrived before
+    (the latest earlier arrival: chunks that came in one read share it; a stream's first
+    arrival is its own), all requests together.
+
+    Chunks read together are spread together, over the time since the stream's previous read:
+    the live test of an early end (``protocol._LiveEvents``) sees each read as one arrival,
+    and the window's interval must be the one that test computed on the same tokens."""
+    times: list[np.ndarray] = []
+    counts: list[np.ndarray] = []
+    starts: list[np.ndarray] = []
     for tr in traces:
         if not len(tr.token_times):
             continue
-        times.extend(tr.token_times)
-        counts.extend(tr.token_counts)
-        starts.append(tr.token_times[0])
-        starts.extend(tr.token_times[:-1])
-    as_array = np.asarray
-    return (
-        as_array(times, dtype=np.float64),
-        as_array(counts, dtype=np.float64),
-        as_array(starts, dtype=np.float64),
-    )
+        t = np.asarray(tr.token_times, dtype=np.float64)
+        first = np.searchsorted(t, t, side="left")  # the first chunk of each one's read
+        times.append(t)
+        counts.append(np.asarray(tr.token_counts, dtype=np.float64))
+        starts.append(np.where(first > 0, t[np.maximum(first - 1, 0)], t))
+    if not times:
+        return np.empty(0), np.empty(0), np.empty(0)
+    return np.concatenate(times), np.concatenate(counts), np.concatenate(starts)
 
 
 def decode_stats(
@@ -158,6 +161,12 @@ def decode_stats(
     bm = None
     if measured > 0:
         times, counts, starts = window_tokens(traces)
+        if full is not None:
+            # ended early: the interval the early end's test computed (protocol._LiveEvents),
+            # on the tokens that had arrived by then; later chunks would spread some of their
+            # tokens back into the last batch
+            seen = times < w1
+            times, counts, starts = times[seen], counts[seen], starts[seen]
         bm = batch_means(times, counts, w0, w1, starts, full)
     per_request_ci = None
     if bm is not None and per_request is not None:
