@@ -49,7 +49,8 @@ class LLMSpeedRun:
         self.store.note(*self.server.notes)
         try:
             warning = self.gate.check_settings()
-        except LLMSpeedError:
+            self.gate.check_save()
+        except (LLMSpeedError, ValueError):
             self.server.stop()
             raise
         if warning:
