@@ -118,7 +118,8 @@ class GateSession:
 
         if self.baseline is None:
             return
-        store, bench = self._store, self._server.bench
+        store, server = self._store, self._server
+        fresh = server.restartable  # each re-measurement on a fresh start
         for cid, record in list(store.cells.items()):
             entry = self.baseline.cells.get(cid)
             if entry is None or not record.measured or record.gate is not None:
@@ -136,17 +137,21 @@ class GateSession:
             tokens, max_tokens = record.context_tokens, record.max_tokens
             while (
                 remeasure
-                and bench is not None
-                and wants_another(entry, attempts, self.settings.confirm)
+                and server.bench is not None
+                and wants_another(entry, attempts, self.settings.confirm, fresh_starts=fresh)
             ):
                 assert tokens is not None and max_tokens is not None
                 try:
-                    again = bench.prefill_again(tokens, max_tokens)
-                except LLMSpeedError as exc:  # gate on what was measured, and say so
-                    notes.append(self._server.redact(f"re-measurement failed: {exc}"))
+                    server.fresh_start(record.id.context)
+                    assert server.bench is not None
+                    again = server.bench.prefill_again(tokens, max_tokens)
+                except (LLMSpeedError, ValueError) as exc:  # gate on what was measured, say so
+                    notes.append(server.redact(f"re-measurement failed: {exc}"))
                     break
                 attempts.append(prefill_record(record.id.context, again))
-            result = gated(record, verdict(entry, attempts), attempts)
+            if len(attempts) > 1:
+                notes.append(server.remeasured_words(len(attempts) - 1))
+            result = gated(record, verdict(entry, attempts, fresh_starts=fresh), attempts)
             store.record(dataclasses.replace(result, notes=(*result.notes, *notes)))
 
     def accounting(self) -> Accounting | None:
