@@ -173,3 +173,12 @@ def test_prefill_repeats_default_to_six_when_a_baseline_is_saved_or_gated(pytest
             "the baseline, 2 now"
         ]
     )
+
+
+def test_runs_from_the_ini_file_are_checked_too(pytester):
+    pytester.makeini("[pytest]\nllm_runs = -2\n")
+    result = pytester.runpytest(sim(), *ARGS)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: ini key llm_runs='-2': must be a whole number of runs ≥ 1"]
+    )
