@@ -1,7 +1,9 @@
 """The gate's paths end to end on the simulator: latency ceilings, a first attempt that misses
 and a re-measurement that passes, no confirmation, a re-measurement that errors. The server is
 slowed for the first attempt only by its own fault hook (``PUT /sim/faults``), switched by the
-measurement having returned, not by a timer."""
+measurement having returned, not by a timer. The paths of one start (a re-measurement on the
+server as the first attempt left it) run against a simulator started outside the plugin, which
+the plugin does not restart: it pauses instead (``server.PAUSE_S``)."""
 
 import pytest
 
@@ -48,6 +50,15 @@ def pytest_runtest_call(item):
 
 
 @pytest.fixture
+def external():
+    """``TINY`` started outside the plugin: a miss is re-measured on the same start."""
+    from pytest_llmspeed.sim import SimOptions, running_simulator_process
+
+    with running_simulator_process(SimOptions(profile="tiny", speed=4.0, seed=9)) as url:
+        yield f"--llm-endpoint={url}"
+
+
+@pytest.fixture
 def baseline(pytester):
     result = pytester.runpytest(f"--llm-endpoint={TINY}", *ARGS, "--llm-save-baseline=b.toml")
     result.assert_outcomes(passed=1, deselected=1)
@@ -61,12 +72,12 @@ def slow_first(pytester, after):
 
 
 def test_a_first_attempt_that_misses_and_a_re_measurement_that_passes(
-    results_doc, pytester, baseline
+    results_doc, pytester, baseline, external
 ):
     plugin = slow_first(pytester, "none")
     result = pytester.runpytest(
         *plugin,
-        f"--llm-endpoint={TINY}",
+        external,
         *ARGS,
         f"--llm-baseline={baseline}",
         "--llm-results=o.json",
@@ -97,11 +108,9 @@ def test_no_confirmation_fails_on_the_first_miss(results_doc, pytester, baseline
     assert cell["status"] == "failed" and "attempts" not in cell
 
 
-def test_a_re_measurement_that_errors_says_so(pytester, baseline):
+def test_a_re_measurement_that_errors_says_so(pytester, baseline, external):
     plugin = slow_first(pytester, "burst503=1,burst_s=60")
-    result = pytester.runpytest(
-        *plugin, f"--llm-endpoint={TINY}", *ARGS, f"--llm-baseline={baseline}"
-    )
+    result = pytester.runpytest(*plugin, external, *ARGS, f"--llm-baseline={baseline}")
     result.assert_outcomes(failed=1, deselected=1)
     result.stdout.fnmatch_lines(["*decode[[]1K-c1[]] (re-measured): *HTTP 503*"])
 
@@ -114,21 +123,28 @@ def test_latency_ceilings(pytester):
     result.assert_outcomes(failed=1, deselected=1)
     result.stdout.fnmatch_lines(
         [
-            "*decode[[]1K-c1[]] TTFT ms * > ceiling 0.0 (baseline 0.0 + 5%): +*% [[]attempts: *",
+            # the simulator the plugin started: the re-measurement on a fresh start
+            "*decode[[]1K-c1[]] TTFT ms * > ceiling 0.0 (baseline 0.0 + 5%): +*% "
+            "[[]attempts on fresh starts: *",
             "*decode[[]1K-c1[]] time between tokens ms * > ceiling 0.0 (baseline 0.0 + 5%)*",
         ]
     )
 
 
 def test_a_warm_up_prefill_whose_re_measurement_fails_is_gated_on_what_was_measured(
-    results_doc, pytester
+    results_doc, pytester, external
 ):
     (pytester.path / "b.toml").write_text(
         '[cells."prefill[1K]"]\nprompt_tok_s = 1e12\n\n[cells."decode[1K-c1]"]\ntotal_tok_s = 1.0\n'
     )
     plugin = slow_first(pytester, "burst503=1,burst_s=600")  # the server fails from then on
     result = pytester.runpytest(
-        *plugin, f"--llm-endpoint={TINY}", *ARGS, "--llm-baseline=b.toml", "--llm-results=o.json"
+        *plugin,
+        external,
+        *ARGS,
+        "--llm-baseline=b.toml",
+        "--llm-results=o.json",
+        "--llm-prefill-repeats=1",  # as the baseline's (no [run]: one request)
     )
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert "Traceback" not in result.stdout.str() + result.stderr.str()

@@ -184,3 +184,44 @@ def test_bad_serve_commands_are_one_line(pytester, args, message):
     result = pytester.runpytest(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
+
+
+def starts_in(log):
+    """The start factors of the simulator's starts, from its listening lines in the log."""
+    return [
+        line.split("start factor ")[1].rstrip(")")
+        for line in log.read_text().splitlines()
+        if "llmspeed-sim listening" in line and "start factor " in line
+    ]
+
+
+def test_runs_restart_the_launched_server_between_runs(pytester):
+    marker = 910003
+    result = pytester.runpytest(
+        f"--llm-serve={sim(marker, '--start-noise', '0.05')}",
+        *MATRIX,
+        "--llm-runs=2",
+        "--llm-save-baseline=b.toml",
+    )
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(["note: baseline: run 2 added to b.toml (3 cells; 2 runs now)"])
+    factors = starts_in(pytester.path / "llmspeed-serve.log")  # the log is appended to
+    assert len(factors) == 2 and factors[0] != factors[1]
+    assert gone(marker)
+
+
+def test_a_miss_is_re_measured_on_a_restart_of_the_launched_server(pytester):
+    marker = 910004
+    (pytester.path / "b.toml").write_text('[cells."decode[1K-c1]"]\ntotal_tok_s = 1e9\n')
+    result = pytester.runpytest(
+        f"--llm-serve={sim(marker, '--start-noise', '0.05')}",
+        *MATRIX,
+        "--llm-baseline=b.toml",
+        "--llm-confirm=1",
+        "-m",
+        "decode",
+    )
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*[[]attempts on fresh starts: *, *[]]"])
+    assert len(starts_in(pytester.path / "llmspeed-serve.log")) == 2
+    assert gone(marker)

@@ -148,6 +148,18 @@ class Bench:
             self.prefills[context] = median_prefill([first, *more])
         return self.prefills[context]
 
+    def rewarm(self, context: int, max_tokens: int) -> None:
+        """After a restart of the server: warm the shared prefix of ``context`` again, on
+        every replica (one request each, not measured), so the cells that follow find it
+        cached. The prefill cell keeps the figure measured before."""
+        assert self.conn and self.factory and self.dialect and self.server
+        self.run(
+            run_prefill(
+                self.conn, self.factory, self.dialect, self.server.model, context, max_tokens
+            )
+        )
+        self._warm_other_replicas(context, max_tokens)
+
     def prefill_again(self, context: int, max_tokens: int) -> PrefillResult:
         """Measure the prefill cell once more (``prefill_repeats`` cold requests), each on a new
         cold prefix (a fresh salt)."""

@@ -187,11 +187,13 @@ def launch(
     *,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
+    append: bool = False,
 ) -> LaunchedServer:
-    """Start the command under the watchdog, its output to ``log_path``; ``env`` and ``cwd``
-    as for ``subprocess.Popen`` (None: this process's)."""
+    """Start the command under the watchdog, its output to ``log_path`` (after what it holds
+    with ``append``: a restart); ``env`` and ``cwd`` as for ``subprocess.Popen`` (None: this
+    process's)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
+    with log_path.open("ab" if append else "wb") as log:
         log.write(f"$ {command.shown}\n".encode())
         log.flush()
         proc = subprocess.Popen(

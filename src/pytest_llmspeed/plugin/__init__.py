@@ -76,6 +76,53 @@ def _start(run: LLMSpeedRun) -> None:
         raise pytest.UsageError(problem)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    """--llm-runs=N: the selected tests N times, as pytest's own loop runs them once, the
+    server restarted between runs and each run's cells added to the baseline (the last one's
+    at the session's end). Otherwise pytest's loop."""
+    run = _run(session.config)
+    if run is None or run.settings.runs < 2 or not run.server.started:
+        return None
+    if session.testsfailed and not session.config.option.continue_on_collection_errors:
+        raise session.Interrupted(
+            f"{session.testsfailed} error{'s' if session.testsfailed != 1 else ''} "
+            "during collection"
+        )
+    if session.config.option.collectonly:
+        return True
+    items = session.items
+    for number in range(1, run.settings.runs + 1):
+        if number > 1:
+            problem = _next_run(run, number)
+            if problem:
+                raise session.Interrupted(problem)
+            for item in items:
+                item.user_properties.clear()  # the properties of the last run's cells
+        for i, item in enumerate(items):
+            nextitem = items[i + 1] if i + 1 < len(items) else None
+            item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+            if session.shouldfail:
+                raise session.Failed(session.shouldfail)
+            if session.shouldstop:
+                raise session.Interrupted(session.shouldstop)
+    return True
+
+
+def _next_run(run: LLMSpeedRun, number: int) -> str | None:
+    """Begin run ``number`` of --llm-runs; why it cannot (the restart failed), else None."""
+    from ..core.errors import LLMSpeedError
+
+    try:
+        run.next_run(number)
+    except (LLMSpeedError, ValueError) as exc:
+        return run.server.give_up(
+            f"pytest-llmspeed: stopped before run {number}/{run.settings.runs}: restarting the "
+            f"server failed: {exc}"
+        )
+    return None
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run = _run(session.config)
     if run is None:
@@ -89,6 +136,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         pytest.ExitCode.NO_TESTS_COLLECTED,
     ):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if run.server.restarts:
+        run.store.note(
+            f"the server was restarted {run.server.restarts} time(s) to re-measure cells that "
+            "missed their baseline on a fresh start"
+        )
     saved = run.gate.save()
     if saved:
         run.store.note(saved)

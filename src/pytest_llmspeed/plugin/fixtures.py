@@ -10,6 +10,7 @@ Example (a test of your own)::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
@@ -197,6 +198,22 @@ class CellRunner:
         record = decode_record(prefix.param, outcome, max_error_rate)
         return record.with_status(status.status, reason)
 
+    def _fresh_start(self, record: CellRecord) -> None:
+        """Restart the server (or pause) before re-measuring ``record``'s cell; a restart
+        that fails stops the run, keeping the first measurement."""
+        from ..core.errors import LLMSpeedError
+
+        try:
+            self.run.server.fresh_start(record.id.context)
+        except (LLMSpeedError, ValueError) as exc:
+            problem = f"restarting the server to re-measure {record.id} failed: {exc}"
+        else:
+            return
+        self.run.store.record(record)
+        why = self.run.server.give_up(f"pytest-llmspeed: stopped: {problem}")
+        self.request.session.shouldstop = why
+        pytest.fail(why, pytrace=False)
+
     def _finish(self, record: CellRecord, again: Callable[[], CellRecord]) -> CellRecord:
         """Gate on the baseline (re-measuring a miss), record, attach, report to
         pytest-benchmark, and fail on a confirmed regression."""
@@ -208,9 +225,14 @@ class CellRunner:
         if baseline is not None:
             entry = baseline.cells.get(str(record.id))
             attempts = [record]
-            while wants_another(entry, attempts, run.settings.confirm):
+            fresh = run.server.restartable  # each re-measurement on a fresh start
+            while wants_another(entry, attempts, run.settings.confirm, fresh_starts=fresh):
+                self._fresh_start(record)
                 attempts.append(again())
-            record = gated(record, verdict(entry, attempts), attempts)
+            record = gated(record, verdict(entry, attempts, fresh_starts=fresh), attempts)
+            if len(attempts) > 1:
+                words = run.server.remeasured_words(len(attempts) - 1)
+                record = dataclasses.replace(record, notes=(*record.notes, words))
         run.store.record(record)
         self._attach(record)
         benchmark.report(self.request, record)

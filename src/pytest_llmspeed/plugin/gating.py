@@ -65,6 +65,30 @@ class GateSession:
             raise LLMSpeedError(what + " (--llm-baseline-strict)")
         return "warning: " + what
 
+    def saved_run(self) -> dict[str, Any]:
+        """The [run] settings a saved baseline records: the comparable ones, the server."""
+        info = self._server.info
+        return {
+            **self.comparable(),
+            "engine": info.engine if info else None,
+            "engine_version": info.version if info else None,
+            "server": self._server.public_endpoint,
+            "kv_capacity": info.kv_capacity if info else None,
+        }
+
+    def check_save(self) -> None:
+        """Once the server is probed, before any cell runs: can this run be saved to
+        --llm-save-baseline (a new file, or runs of the same settings and server)? ValueError,
+        one line naming the settings that differ, when it cannot."""
+        from ..gate.baseline import BaselineError, check_addable
+
+        if not self.settings.save_baseline:
+            return
+        try:
+            check_addable(self.settings.save_baseline, self.saved_run())
+        except BaselineError as exc:
+            raise ValueError(f"--llm-save-baseline: {exc}") from None
+
     def warmup_cells(self) -> list[str]:
         """Cells gated at the session's end (no test of their own ran)."""
         from ..report.terminal import WARMUP_NOTE
@@ -94,7 +118,8 @@ class GateSession:
 
         if self.baseline is None:
             return
-        store, bench = self._store, self._server.bench
+        store, server = self._store, self._server
+        fresh = server.restartable  # each re-measurement on a fresh start
         for cid, record in list(store.cells.items()):
             entry = self.baseline.cells.get(cid)
             if entry is None or not record.measured or record.gate is not None:
@@ -112,17 +137,21 @@ class GateSession:
             tokens, max_tokens = record.context_tokens, record.max_tokens
             while (
                 remeasure
-                and bench is not None
-                and wants_another(entry, attempts, self.settings.confirm)
+                and server.bench is not None
+                and wants_another(entry, attempts, self.settings.confirm, fresh_starts=fresh)
             ):
                 assert tokens is not None and max_tokens is not None
                 try:
-                    again = bench.prefill_again(tokens, max_tokens)
-                except LLMSpeedError as exc:  # gate on what was measured, and say so
-                    notes.append(self._server.redact(f"re-measurement failed: {exc}"))
+                    server.fresh_start(record.id.context)
+                    assert server.bench is not None
+                    again = server.bench.prefill_again(tokens, max_tokens)
+                except (LLMSpeedError, ValueError) as exc:  # gate on what was measured, say so
+                    notes.append(server.redact(f"re-measurement failed: {exc}"))
                     break
                 attempts.append(prefill_record(record.id.context, again))
-            result = gated(record, verdict(entry, attempts), attempts)
+            if len(attempts) > 1:
+                notes.append(server.remeasured_words(len(attempts) - 1))
+            result = gated(record, verdict(entry, attempts, fresh_starts=fresh), attempts)
             store.record(dataclasses.replace(result, notes=(*result.notes, *notes)))
 
     def accounting(self) -> Accounting | None:
@@ -133,18 +162,13 @@ class GateSession:
         return account(self.baseline, self._store.cells.values(), self._selection.selected)
 
     def save(self) -> str | None:
-        """--llm-save-baseline: write this run's cells as a baseline; what was done, in words."""
+        """--llm-save-baseline: write this run's cells as a baseline, or add them as one more
+        run to the baseline there; what was done, in words."""
         if not self.settings.save_baseline or not self._store.cells:
             return None
-        from ..gate.baseline import dump
+        from ..gate.baseline import save
 
-        info = self._server.info
-        run = {
-            **self.comparable(),
-            "engine": info.engine if info else None,
-            "engine_version": info.version if info else None,
-            "server": self._server.public_endpoint,
-            "kv_capacity": info.kv_capacity if info else None,
-        }
-        n = dump(self.settings.save_baseline, run, list(self._store.cells.values()))
-        return f"baseline: {n} cells written to {self.settings.save_baseline}"
+        saved = save(
+            self.settings.save_baseline, self.saved_run(), list(self._store.cells.values())
+        )
+        return saved.message()

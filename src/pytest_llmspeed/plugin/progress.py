@@ -74,6 +74,16 @@ class Progress:
     overheads: list[float] = field(default_factory=list)
     prefill_rates: list[float] = field(default_factory=list)
     _cell_started: float = 0.0
+    #: with --llm-runs: which run, ``run 2/3 · ``
+    run_label: str = ""
+
+    def next_run(self, label: str, plan: list[tuple[CellId, int | None, bool]]) -> None:
+        """--llm-runs: the matrix again, its cells counted from 1."""
+        self.run_label, self.plan, self.done, self.warmed = label, list(plan), 0, set()
+
+    @property
+    def head(self) -> str:
+        return f"[{self.run_label}{self.done}/{self.total}]"
 
     def left_s(self) -> float:
         """Seconds the remaining cells will take, by what the run has measured so far."""
@@ -103,14 +113,11 @@ class Progress:
         what = f"window {up_to}{self.window_s:g} s" if cid.phase is Phase.DECODE else "cold prefill"
         elapsed = clock(time.monotonic() - self.started)
         left = self.left_s() + (self.window_s if cid.phase is Phase.DECODE else 0.0)
-        return (
-            f"[{self.done}/{self.total}] {cid} · {what} · elapsed {elapsed} · "
-            f"about {duration_words(left)} left"
-        )
+        return f"{self.head} {cid} · {what} · elapsed {elapsed} · about {duration_words(left)} left"
 
     def live_line(self, cid: CellId, tick: DecodeTick) -> str:
         """``[3/12] decode[8K-c16] · 12/30 s · 41,230 tokens · 3,512 tok/s now · 16 in flight``"""
-        return f"[{self.done}/{self.total}] {cid} · {self.live_figures(tick)}"
+        return f"{self.head} {cid} · {self.live_figures(tick)}"
 
     @staticmethod
     def live_figures(tick: DecodeTick) -> str:
@@ -124,7 +131,7 @@ class Progress:
     def end_line(self, cid: CellId, record: CellRecord | None) -> str:
         took = time.monotonic() - self._cell_started
         self.warmed.add(cid.label)
-        head = f"[{self.done}/{self.total}] {cid}"
+        head = f"{self.head} {cid}"
         if record is None:
             return f"{head} not run"
         if record.phase is Phase.PREFILL and record.prompt_tok_s and record.ttft_ms:

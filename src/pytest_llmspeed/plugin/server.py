@@ -9,6 +9,7 @@ Import-light: the core's client and the simulator are imported when the server s
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
@@ -26,6 +27,11 @@ if TYPE_CHECKING:
     from ..core.protocol import DecodeResult, DecodeTick, PrefillResult
     from ..core.wire import Dialect
     from .settings import Settings
+
+
+#: seconds between a cell that missed its baseline and its re-measurement on a server the
+#: plugin did not start (and so cannot restart)
+PAUSE_S = 5.0
 
 
 def public_url(url: str) -> str:
@@ -67,6 +73,12 @@ class ServerUnderTest:
         #: why the run stopped (the key refused, the server gone), once it has
         self.fatal: str | None = None
         self._sim: contextlib.ExitStack | None = None
+        self.restarts = 0  # restarts to re-measure a cell that missed its baseline
+
+    @property
+    def restartable(self) -> bool:
+        """Started by the plugin (--llm-serve, the simulator), so it can start it again."""
+        return self.settings.serve_plan is not None or self.settings.is_sim
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -81,12 +93,12 @@ class ServerUnderTest:
         self.server_line = self.header()[0].removeprefix("llmspeed server: ")
         self.started = True
 
-    def _start(self) -> None:
+    def _start(self, restart: bool = False) -> None:
         from ..core.bench import Bench, BenchConfig
 
         s = self.settings
         if s.serve_plan is not None:
-            self._launch()
+            self._launch(restart)
         endpoints = s.endpoints
         if s.is_sim:
             from ..sim import parse_sim_spec, running_simulator_processes  # only when asked for
@@ -148,7 +160,48 @@ class ServerUnderTest:
         if self.info.kv_capacity is None:
             self.notes.append("KV capacity unknown: every cell ran (no over-capacity skips)")
 
-    def _launch(self) -> None:
+    def restart(self) -> None:
+        """Stop the server the session started and start it again: a fresh start (the engine
+        lays out memory and picks kernels anew; the simulator draws a new start factor),
+        connected and probed again. The first start's notes stay. Raises LLMSpeedError /
+        ValueError (and stops what it started)."""
+        assert self.restartable
+        notes = list(self.notes)
+        self.stop()
+        self.started = False
+        try:
+            self._start(restart=True)
+        except BaseException:
+            self.stop()
+            raise
+        self.notes = notes
+        self.started = True
+
+    def fresh_start(self, context: int | str) -> None:
+        """Before re-measuring a cell that missed its baseline: restart the server when the
+        plugin started it, and warm ``context``'s shared prefix again (the confirmation then
+        samples the noise between starts, ``fresh_starts=True``); else pause :data:`PAUSE_S`
+        seconds. Raises LLMSpeedError / ValueError when the restart fails."""
+        if not self.restartable:
+            time.sleep(PAUSE_S)
+            return
+        self.restart()
+        self.restarts += 1
+        assert self.bench is not None
+        tokens = self.bench.resolve(context)
+        assert tokens is not None
+        self.bench.rewarm(tokens, self._warm_tokens(tokens))
+
+    def remeasured_words(self, times: int) -> str:
+        """How a cell's re-measurements were taken, for its notes."""
+        if self.restartable:
+            return f"re-measured {times} time(s), each after restarting the server"
+        return (
+            f"re-measured {times} time(s), each after a {PAUSE_S:g} s pause (a server the "
+            "plugin did not start is not restarted)"
+        )
+
+    def _launch(self, restart: bool = False) -> None:
         """--llm-serve: start the server command and wait until it answers (LaunchError)."""
         from pathlib import Path
 
@@ -161,7 +214,7 @@ class ServerUnderTest:
             if s.serve_log
             else (Path(s.results).parent if s.results else Path()) / "llmspeed-serve.log"
         )
-        self.launched = launch(s.serve_plan, log)
+        self.launched = launch(s.serve_plan, log, append=restart)
         took = wait_healthy(self.launched, s.serve_timeout)
         self.notes.append(
             f"server started by --llm-serve, answering after {took:.0f} s; its log: {log}"
@@ -255,10 +308,14 @@ class ServerUnderTest:
         assert self.bench is not None
         tokens = self.bench.resolve(context)
         assert tokens is not None
-        fits = not exceeds_max_model_len(tokens, self.settings.max_output, self.bench.limits)
-        max_tokens = min(self.settings.max_output, 16) if fits else 1
         first = tokens not in self.bench.prefills
-        return tokens, self.bench.prefill(tokens, max_tokens), first
+        return tokens, self.bench.prefill(tokens, self._warm_tokens(tokens)), first
+
+    def _warm_tokens(self, tokens: int) -> int:
+        """max_tokens of the request that warms a prefix of ``tokens``."""
+        assert self.bench is not None
+        fits = not exceeds_max_model_len(tokens, self.settings.max_output, self.bench.limits)
+        return min(self.settings.max_output, 16) if fits else 1
 
     def decode(
         self, tokens: int, concurrency: int, on_tick: Callable[[DecodeTick], None] | None = None

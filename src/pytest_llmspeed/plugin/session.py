@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..core.errors import LLMSpeedError
+from ..results import CellId
 from .gating import GateSession
 from .selection import Selection
 from .server import ServerUnderTest, public_url
@@ -39,6 +40,8 @@ class LLMSpeedRun:
         self.selection = Selection(settings)
         self.gate = GateSession(settings, self.server, self.store, self.selection)
         self.progress: Progress | None = None  # the cells' start and end lines
+        #: the cells the progress lines plan for, as at the first run (--llm-runs)
+        self.plan: list[tuple[CellId, int | None, bool]] = []
         #: sees each decode window about once a second (the live line on a terminal)
         self.on_tick: Callable[[DecodeTick], None] | None = None
 
@@ -49,7 +52,8 @@ class LLMSpeedRun:
         self.store.note(*self.server.notes)
         try:
             warning = self.gate.check_settings()
-        except LLMSpeedError:
+            self.gate.check_save()
+        except (LLMSpeedError, ValueError):
             self.server.stop()
             raise
         if warning:
@@ -73,12 +77,26 @@ class LLMSpeedRun:
     def stop(self) -> None:
         self.server.stop()
 
+    def next_run(self, number: int) -> None:
+        """--llm-runs: the previous run's cells added to the baseline, the server restarted
+        (a fresh start), run ``number`` begun with no cells. Raises LLMSpeedError /
+        ValueError when the restart fails."""
+        saved = self.gate.save()
+        if saved:
+            self.store.note(saved)
+        self.server.restart()
+        self.store.cells.clear()
+        self.store.write()
+        if self.progress is not None:
+            self.progress.next_run(f"run {number}/{self.settings.runs} · ", self.plan)
+
     def warm(self, context: int | str) -> tuple[int, PrefillResult]:
         """The prefill cell at ``context``: the cold request that warms the shared prefix."""
         from ..core.records import prefill_record
 
         tokens, result, first = self.server.warm(context)
-        if first:
+        # after a restart the server is warmed again; the prefill cell keeps its figure
+        if first and str(CellId.prefill(context)) not in self.store.cells:
             self.store.record(prefill_record(context, result))
         return tokens, result
 
@@ -88,6 +106,10 @@ class LLMSpeedRun:
 
     def show_progress(self, progress: Progress | None) -> None:
         self.progress = progress
+        if progress is not None:
+            self.plan = list(progress.plan)
+            if self.settings.runs > 1:
+                progress.run_label = f"run 1/{self.settings.runs} · "
 
     def watch(self, on_tick: Callable[[DecodeTick], None] | None) -> None:
         self.on_tick = on_tick

@@ -21,6 +21,9 @@ from ..report.outputs import OUTPUTS, Output
 
 DEFAULT_CONTEXTS = "8K,16K,32K,64K,128K,max"
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128"
+#: cold requests per prefill cell when a baseline is saved or gated: their median carries an
+#: interval (an order statistic's), so the gate does not fail a build on one request's TTFT
+GATED_PREFILL_REPEATS = 6
 
 
 @dataclass(frozen=True)
@@ -112,8 +115,9 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "prefill-repeats",
-        "cold requests per prefill cell, each on a fresh prefix; the cell's TTFT is their median",
-        default="1",
+        "cold requests per prefill cell, each on a fresh prefix; the cell's TTFT is their "
+        "median (default: 6 when a baseline is saved or gated, so the gate judges the prefill "
+        "with its noise; else 1)",
     ),
     Option("max-output", "max_tokens of every decode request", default="4096"),
     Option("kv-capacity", "KV-cache capacity in tokens (default: read from the server)"),
@@ -170,7 +174,18 @@ OPTIONS: tuple[Option, ...] = (
         "baseline",
         "gate every measured cell on the floors and ceilings of this baseline file (TOML)",
     ),
-    Option("save-baseline", "write this run's cells as a baseline file (TOML) at the end"),
+    Option(
+        "save-baseline",
+        "write this run's cells as a baseline file (TOML) at the end; a file already there "
+        "that holds runs of the same settings and server gets this run added to it",
+    ),
+    Option(
+        "runs",
+        "measure the selected matrix this many times, restarting the server between runs, and "
+        "add each run to --llm-save-baseline (needs a server the plugin starts: --llm-serve "
+        "or the simulator)",
+        default="1",
+    ),
     Option(
         "baseline-strict",
         "a baseline taken with other settings or another model is an error, not a warning",
@@ -225,6 +240,7 @@ class Settings:
     max_error_rate: float = 0.05
     baseline: str | None = None
     save_baseline: str | None = None
+    runs: int = 1
     baseline_strict: bool = False
     confirm: int = 1
     baseline_missing: str = "fail"
@@ -268,6 +284,7 @@ class Settings:
             "max_error_rate": self.max_error_rate,
             "baseline": self.baseline,
             "confirm": self.confirm,
+            "runs": self.runs,
             "baseline_missing": self.baseline_missing,
             "api_key": "<redacted>" if self.api_key else None,
         }
@@ -389,6 +406,27 @@ def load(config: pytest.Config) -> Settings:
             f"is longer than --llm-duration ({values['duration'] or 30.0:g} s): a window "
             "that may end early must be allowed to: lower it, or raise --llm-duration",
         )
+    if (values["runs"] or 1) > 1:
+        opt = next(o for o in OPTIONS if o.name == "runs")
+        given, source = raw_value(config, opt)
+        if values["save_baseline"] is None:
+            raise _bad(
+                source,
+                str(given),
+                "needs --llm-save-baseline=FILE: each run is added to that baseline",
+            )
+        endpoint = values["endpoint"] or ""
+        if values["serve"] is None and not (endpoint == "sim" or endpoint.startswith("sim:")):
+            raise _bad(
+                source,
+                str(given),
+                "needs a server the plugin starts (--llm-serve, or --llm-endpoint=sim...), to "
+                "restart it between runs; against a server you start, run the same command "
+                "once per start with --llm-save-baseline",
+            )
+    if values["prefill_repeats"] is None:
+        gate = values["baseline"] or values["save_baseline"] or (values["runs"] or 1) > 1
+        values["prefill_repeats"] = GATED_PREFILL_REPEATS if gate else 1
     if values["prefill_contexts"] is None:
         values["prefill_contexts"] = values["contexts"]
     paths = {o.key: values.pop(o.dest) for o in OUTPUTS}
@@ -543,6 +581,10 @@ def _convert(key: str, value: str) -> Any:
         if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
             raise ValueError("must be true or false")
         return value.lower() in ("true", "1", "yes")
+    if key == "runs":
+        if not value.strip().isdigit() or int(value) < 1:
+            raise ValueError("must be a whole number of runs ≥ 1")
+        return int(value)
     if key == "confirm":
         if not value.strip().isdigit():
             raise ValueError("must be a whole number of extra measurements (0, 1, 2, ...)")
