@@ -75,7 +75,7 @@ def runs(tmp_path_factory):
 def test_a_ten_percent_slower_server_is_a_regression_in_every_measured_cell(runs, tmp_path):
     done = cli("compare", str(runs["ref"]), str(runs["slow"]), "--markdown", "c.md", cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr  # a regression: exit 1
-    assert "6 cell(s): 6 regressions" in done.stdout
+    assert "6 cell(s): 6 regressions" in done.stdout, done.stdout
     changes = [float(x) for x in _changes(done.stdout)]
     # −10 % on the server; a busy machine moves a figure by a few points more (−8.4 to −10.8 %
     # beside two busy loops)
@@ -86,7 +86,7 @@ def test_a_ten_percent_slower_server_is_a_regression_in_every_measured_cell(runs
 def test_a_noisy_server_at_the_same_speed_is_no_regression(runs, tmp_path):
     done = cli("compare", str(runs["ref"]), str(runs["noisy"]), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "6 cell(s): 6 within noise" in done.stdout
+    assert "6 cell(s): 6 within noise" in done.stdout, done.stdout
 
 
 def _changes(text):
