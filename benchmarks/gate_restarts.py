@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -149,53 +150,59 @@ class World:
 # and ``verdict`` with fresh_starts=True); the benchmark checks that they agree.
 
 
-def rule_every(c: Check, confirm: int) -> tuple[bool, bool, int]:
+#: the check of a cell over its first n attempts (the spread pools the attempts taken, so a
+#: rule must judge n attempts with the check made of those n)
+CheckOf = Callable[[int], Check]
+
+
+def rule_every(cf: CheckOf, confirm: int) -> tuple[bool, bool, int]:
     """Stop at the first attempt that does not miss; regressed when every attempt and the
     mean miss (the rule for attempts on one start)."""
     n = 1
-    while n <= confirm and c.attempt_misses(n - 1):
+    while n <= confirm and cf(n).attempt_misses(n - 1):
         n += 1
-    idx = list(range(n))
-    regressed = all(c.attempt_misses(i) for i in idx) and c.mean_misses(idx)
-    return regressed, c.past_limit(idx) and not regressed, n
+    c = cf(n)
+    regressed = all(c.attempt_misses(i) for i in range(n)) and c.mean_misses()
+    return regressed, c.past_limit() and not regressed, n
 
 
-def rule_mean(c: Check, confirm: int) -> tuple[bool, bool, int]:
+def rule_mean(cf: CheckOf, confirm: int) -> tuple[bool, bool, int]:
     """After a first miss take every confirmation; regressed when the mean of all misses."""
-    n = confirm + 1 if c.attempt_misses(0) else 1
-    idx = list(range(n))
-    regressed = c.attempt_misses(0) and c.mean_misses(idx)
-    return regressed, c.past_limit(idx) and not regressed, n
+    first = cf(1).attempt_misses(0)
+    n = confirm + 1 if first else 1
+    c = cf(n)
+    regressed = first and c.mean_misses()
+    return regressed, c.past_limit() and not regressed, n
 
 
-def rule_mean_past(c: Check, confirm: int) -> tuple[bool, bool, int]:
+def rule_mean_past(cf: CheckOf, confirm: int) -> tuple[bool, bool, int]:
     """As ``mean``, but confirmations start when the first attempt is past the limit (a miss,
     or within the noise)."""
-    n = confirm + 1 if c.past_limit([0]) else 1
-    idx = list(range(n))
-    regressed = c.mean_misses(idx)
-    return regressed, c.past_limit(idx) and not regressed, n
+    n = confirm + 1 if cf(1).past_limit([0]) else 1
+    c = cf(n)
+    regressed = c.mean_misses()
+    return regressed, c.past_limit() and not regressed, n
 
 
-def rule_mean_sequential(c: Check, confirm: int) -> tuple[bool, bool, int]:
+def rule_mean_sequential(cf: CheckOf, confirm: int) -> tuple[bool, bool, int]:
     """Confirm while the mean so far misses; regressed when the final mean misses."""
     n = 1
-    while n <= confirm and c.mean_misses(list(range(n))):
+    while n <= confirm and cf(n).mean_misses():
         n += 1
-    idx = list(range(n))
-    regressed = c.mean_misses(idx)
-    return regressed, c.past_limit(idx) and not regressed, n
+    c = cf(n)
+    regressed = c.mean_misses()
+    return regressed, c.past_limit() and not regressed, n
 
 
-def rule_mean_always(c: Check, confirm: int) -> tuple[bool, bool, int]:
+def rule_mean_always(cf: CheckOf, confirm: int) -> tuple[bool, bool, int]:
     """Every check measured ``confirm`` more times on fresh starts, whatever the first gave;
     regressed when the mean of all misses (what the targets need, not a rule the gate has)."""
-    idx = list(range(confirm + 1))
-    regressed = c.mean_misses(idx)
-    return regressed, c.past_limit(idx) and not regressed, confirm + 1
+    c = cf(confirm + 1)
+    regressed = c.mean_misses()
+    return regressed, c.past_limit() and not regressed, confirm + 1
 
 
-RULES: dict[str, Callable[[Check, int], tuple[bool, bool, int]]] = {
+RULES: dict[str, Callable[[CheckOf, int], tuple[bool, bool, int]]] = {
     "every": rule_every,
     "mean": rule_mean,
     "mean, from past the limit": rule_mean_past,
@@ -234,6 +241,28 @@ class Setting:
     dofs: list[int] = field(default_factory=list)
 
 
+def check_over(
+    setting: Setting,
+    base: Baseline,
+    cid: str,
+    records: Sequence[CellRecord],
+    cells: int,
+    n: int,
+) -> Check:
+    """The gate's check of a cell over its first ``n`` attempts, with the setting's
+    degrees of freedom: the gate's own ("effective"), Σ (k_c − 1) ("pooled", plus the attempts'
+    n − 1), or the true σ_b given ("known": nothing estimated, nothing pooled)."""
+    (check,) = checks(base.cells[cid], records[:n], fresh_starts=True)
+    if setting.dof == "pooled" and check.spread is not None:
+        dof = cells * (setting.runs - 1) + n - 1
+        check = dataclasses.replace(check, quantile=t_quantile(LEVEL, dof))
+    elif setting.dof == "known":
+        runs = base.cells[cid].figure_runs("total_tok_s")
+        u_r = reference_se(runs.values, runs.intervals, setting.spread)
+        check = dataclasses.replace(check, spread=setting.spread, reference_se=u_r, quantile=Z99)
+    return check
+
+
 def simulate(
     setting: Setting, baselines: int, cells: int, within: float, seed: int, real: bool
 ) -> None:
@@ -246,22 +275,15 @@ def simulate(
             draws = world.gated(speed, most)
             failed: dict[tuple[str, int], bool] = {}
             for cid, records in zip(world.ids, draws.records, strict=True):
-                (check,) = checks(base.cells[cid], records, fresh_starts=True)
+                check_of = functools.lru_cache(maxsize=None)(
+                    functools.partial(check_over, setting, base, cid, records, cells)
+                )
                 if speed == 1.0:
-                    setting.dofs.append(check.spread_dof)
+                    setting.dofs.append(check_of(1).spread_dof)
                 gate_check = real and setting.dof == "effective"
-                if setting.dof == "pooled" and check.spread is not None:
-                    pooled = cells * (setting.runs - 1)
-                    check = dataclasses.replace(check, quantile=t_quantile(LEVEL, pooled))
-                elif setting.dof == "known":
-                    runs = base.cells[cid].figure_runs("total_tok_s")
-                    u_r = reference_se(runs.values, runs.intervals, setting.spread)
-                    check = dataclasses.replace(
-                        check, spread=setting.spread, reference_se=u_r, quantile=Z99
-                    )
                 for confirm in setting.confirms:
                     for name in setting.rules:
-                        regressed, noisy, n = ALL_RULES[name](check, confirm)
+                        regressed, noisy, n = ALL_RULES[name](check_of, confirm)
                         if gate_check and name == IMPLEMENTED:
                             assert (regressed, noisy, n) == the_gate(base, cid, records, confirm)
                         t = setting.tallies.setdefault((name, confirm, speed), Tally())

@@ -12,9 +12,10 @@ import jsonschema
 import pytest
 
 from pytest_llmspeed.gate.baseline import Baseline, CellBaseline, FigureRuns, baseline_of, load
-from pytest_llmspeed.gate.noise import Spread, pooled_spread, t_quantile
+from pytest_llmspeed.gate.noise import UNKNOWN, Spread, pooled_spread, t_quantile, with_attempts
 from pytest_llmspeed.gate.verdict import SPREAD_UNKNOWN, account, gated, verdict, wants_another
 from pytest_llmspeed.results import (
+    Z95,
     CellId,
     CellRecord,
     Check,
@@ -174,13 +175,37 @@ def test_a_check_with_the_new_keys_is_written_read_back_and_valid():
     (check,) = result.checks
     data = check.to_v1()
     assert data["values_ci"] == [[89.0, 91.0], []]
-    assert (data["spread"], data["spread_dof"], data["reference_runs"]) == (0.03, 4, 3)
+    # the baseline's 3 % on 4 d.f., pooled with the two fresh starts' own spread (1 d.f.)
+    w = (91.0 - 89.0) / 2 / 90.0 / Z95
+    own = (90 / 89 - 1) ** 2 + (88 / 89 - 1) ** 2 - w * w / 2
+    assert data["spread"] == pytest.approx(math.sqrt((4 * 0.03**2 + own) / 5), rel=1e-12)
+    assert (data["spread_dof"], data["reference_runs"]) == (5, 3)
     assert data["fresh_starts"] is True and data["verdict"] == "regressed"
     assert Check.from_v1(ID, data) == check
     record = gated(rec, result, attempts)
     doc = Results(RunInfo("pytest-llmspeed", "2026-12-01", "sim"), (record,)).to_document()
     schema = json.loads((ROOT / "docs" / "results.schema.json").read_text())
     jsonschema.Draft202012Validator(schema).validate(doc)
+
+
+def test_fresh_starts_pool_their_own_spread_with_the_baselines():
+    base = Spread(0.03, 2, 4)
+    assert with_attempts(base, [90.0], [None]) == base  # one attempt: nothing to pool
+    assert with_attempts(UNKNOWN, [90.0, 80.0], [None, None]) == UNKNOWN  # one-run: its rule
+    pooled = with_attempts(base, [91.0, 90.0, 89.0, 90.0], [None] * 4)
+    own = ((91 / 90 - 1) ** 2 + (89 / 90 - 1) ** 2) / 3
+    assert pooled.dof == 5 and pooled.cells == 4
+    assert pooled.sigma == pytest.approx(math.sqrt((2 * 0.03**2 + 3 * own) / 5), rel=1e-12)
+    # a real change moves every attempt alike: the pooled spread does not see it
+    slower = with_attempts(base, [v * 0.9 for v in (91.0, 90.0, 89.0, 90.0)], [None] * 4)
+    assert slower.sigma == pytest.approx(pooled.sigma, rel=1e-12)
+    # the quantile falls with the degrees of freedom: confirmations buy power
+    assert pooled.quantile < base.quantile
+    # a 10 % slower cell: noisy on its first attempt, a regression once 5 fresh starts agree
+    first = verdict(THREE, [cell(total=90.0)], fresh_starts=True)
+    assert first.outcome is Outcome.PASS and first.checks[0].noisy
+    agreed = [cell(total=v) for v in (90.0, 89.5, 90.5, 90.0, 89.8, 90.2)]
+    assert verdict(THREE, agreed, fresh_starts=True).outcome is Outcome.REGRESSION
 
 
 # -- the spread's degrees of freedom ----------------------------------------------------------

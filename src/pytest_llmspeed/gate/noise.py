@@ -33,6 +33,7 @@ __all__ = [
     "pooled_spread",
     "reference_se",
     "t_quantile",
+    "with_attempts",
     "within_se",
 ]
 
@@ -178,6 +179,28 @@ def effective_dof(complete: Sequence[Sequence[float]], pooled: int, longest: int
         return min(floor, pooled)
     nu = (a + b) ** 2 / denominator
     return max(min(int(nu), pooled), min(floor, pooled))
+
+
+def with_attempts(spread: Spread, values: Sequence[float], cis: Sequence[Pair | None]) -> Spread:
+    """The baseline's spread pooled with what a cell's attempts on fresh starts show.
+
+    Each attempt on a fresh start is one more draw of the start effect: their deviations from
+    their own mean (less the windows' noise) estimate σ_b with n − 1 degrees of freedom, shifted
+    or not by a real change, since a change moves every attempt alike. Pooled with the
+    baseline's estimate, ``σ² = (ν_b σ_b² + (n − 1) σ_a²) / (ν_b + n − 1)`` with
+    ``ν_b + n − 1`` degrees of freedom: a 3-run baseline's 2 degrees of freedom (Student's t
+    6.96) grow with each confirmation, which is what lets confirmations buy power
+    (docs/gate.md, "Across restarts"). Unknown stays unknown (a one-run baseline keeps its
+    rule), as does a single attempt."""
+    n = len(values)
+    if spread.sigma is None or spread.dof == 0 or n < 2:
+        return spread
+    mean = sum(values) / n
+    raw = sum((v / mean - 1) ** 2 for v in values) / (n - 1)
+    w2 = sum(within_se(v, ci) ** 2 for v, ci in zip(values, cis, strict=True)) / n
+    dof = spread.dof + n - 1
+    pooled = (spread.dof * spread.sigma**2 + (n - 1) * (raw - w2)) / dof
+    return Spread(math.sqrt(max(pooled, 0.0)), dof, spread.cells)
 
 
 def reference_se(values: Sequence[float], cis: Sequence[Pair | None], sigma: float) -> float:

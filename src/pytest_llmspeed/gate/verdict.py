@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from ..results import METRIC_NAMES, CellRecord, Check, GateVerdict, Outcome, Status
 from .baseline import Baseline, CellBaseline
-from .noise import Spread, reference_se
+from .noise import Spread, reference_se, with_attempts
 
 #: the summary's line when the between-run spread is unknown
 SPREAD_UNKNOWN = (
@@ -50,6 +50,8 @@ def checks(
         cis = tuple(getattr(a, f"{metric}_ci", None) for a in measured)
         runs = entry.figure_runs(metric)
         spread = entry.figure_spread(metric)
+        if fresh_starts:  # every attempt is one more draw of the start effect
+            spread = with_attempts(spread, values, cis)
         one_run = runs.count == 1 and not spread.known
         out.append(
             Check(
