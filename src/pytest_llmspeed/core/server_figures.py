@@ -148,6 +148,8 @@ SERIES: tuple[Series, ...] = (
     ),
     Series("prefill_time", "histogram", "vllm:request_prefill_time_seconds", None),
     Series("decode_time", "histogram", "vllm:request_decode_time_seconds", None),
+    # SGLang: one series per dp_rank (summed); that only tensor-parallel rank 0 reports is
+    # assumed, not checked
     Series(
         "running",
         "gauge",
@@ -411,15 +413,18 @@ class ServerFigures:
     reset: tuple[str, ...] = ()  # figures whose counters went back inside the window
 
     def to_dict(self) -> dict[str, object]:
-        """The figures that are known (plain JSON values), ``missing`` and ``reset``."""
+        """The known figures as plain JSON values (tuples as lists), and ``missing`` and
+        ``reset`` when not empty."""
         out: dict[str, object] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None or (f.name in ("missing", "reset") and not value):
+            if value is None or value == ():
                 continue
-            out[f.name] = [list(v) for v in value] if f.name == "waiting_by_reason" else value
-            if isinstance(value, tuple) and f.name != "waiting_by_reason":
-                out[f.name] = list(value)
+            if f.name == "waiting_by_reason":
+                value = [list(row) for row in value]
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
         return out
 
 
