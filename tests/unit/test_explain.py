@@ -25,6 +25,7 @@ from pytest_llmspeed.gate.explain import (
     Explanation,
     Side,
     Unexplained,
+    change_noise,
     decompose_decode,
     decompose_prefill,
     explain,
@@ -192,6 +193,9 @@ def test_a_factor_within_its_given_noise_is_held():
 def test_relative_noise_is_the_wider_side_of_the_interval():
     assert relative_noise(100.0, (97.0, 101.0)) == pytest.approx(0.03)
     assert relative_noise(100.0, None) is None
+    # a change between two runs carries both runs' noise
+    assert change_noise(100.0, (97.0, 103.0), 50.0, (48.0, 52.0)) == pytest.approx(0.05)
+    assert change_noise(100.0, (97.0, 103.0), 50.0, None) is None
 
 
 def test_without_speculative_decoding_acceptance_length_is_1_and_not_shown():

@@ -38,6 +38,7 @@ __all__ = [
     "Part",
     "Side",
     "Unexplained",
+    "change_noise",
     "decompose_decode",
     "decompose_prefill",
     "explain",
@@ -70,6 +71,17 @@ def relative_noise(value: float, ci: tuple[float, float] | None) -> float | None
     if ci is None or value <= 0:
         return None
     return max(value - ci[0], ci[1] - value, 0.0) / value
+
+
+def change_noise(
+    old: float, old_ci: tuple[float, float] | None, new: float, new_ci: tuple[float, float] | None
+) -> float | None:
+    """The relative noise of a change between two runs' figures: the root-sum-square of each
+    one's ``relative_noise`` (None when either has no interval)."""
+    a, b = relative_noise(old, old_ci), relative_noise(new, new_ci)
+    if a is None or b is None:
+        return None
+    return math.hypot(a, b)
 
 
 @dataclass(frozen=True)
