@@ -166,8 +166,8 @@ class EngineStats:
     spec_drafts: int = 0
     spec_draft_tokens: int = 0
     spec_accepted: int = 0
-    #: accepted drafts by position (0 = the first draft), as vLLM's ``..._per_pos``
-    spec_accepted_per_pos: list[int] = field(default_factory=list)
+    #: decode steps by drafts accepted (index k: k accepted), behind ``spec_accepted_per_pos``
+    spec_kept: list[int] = field(default_factory=list)
     #: prompt tokens of requests that got their first token, computed / found in the cache
     prompt_computed: int = 0
     prompt_cached: int = 0
@@ -181,6 +181,13 @@ class EngineStats:
     queue_time: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
     prefill_time: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
     decode_time: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
+
+    @property
+    def spec_accepted_per_pos(self) -> list[int]:
+        """Accepted drafts by position (0 = the first draft), as vLLM's ``..._per_pos``: a
+        step that accepted k drafts accepted one at each position below k."""
+        kept = self.spec_kept
+        return [sum(kept[pos + 1 :]) for pos in range(max(len(kept) - 1, 0))]
 
 
 class OutputSink(Protocol):
@@ -396,7 +403,7 @@ class EngineCore:
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.stats = EngineStats()
-        self.stats.spec_accepted_per_pos = [0] * len(survival)
+        self.stats.spec_kept = [0] * (len(survival) + 1)
 
     # -- requests -------------------------------------------------------------------------
 
@@ -612,7 +619,7 @@ class EngineCore:
         bs = self.block_size
         pool = self.pool
         stats.step_seconds += plan.duration
-        prompt_computed = 0  # this step's first tokens' computed prompt tokens (step tokens)
+        step_tokens = 0  # generated, and the computed prompts of this step's first tokens
         for req, q in plan.prefill:
             if req.state != RUNNING:
                 continue
@@ -629,16 +636,18 @@ class EngineCore:
                     stats.prompt_tokens += req.prompt_len
                     stats.prompt_cached += req.cached_tokens
                     stats.prompt_computed += req.prompt_len - req.cached_tokens
-                    prompt_computed += req.prompt_len - req.cached_tokens
+                    step_tokens += req.prompt_len - req.cached_tokens
                     stats.ttft.observe(now - req.arrival)
                     req.first_token_time = now
                 else:  # recomputed after a preemption: the next token
                     stats.itl.observe(now - req.last_token_time)
-                outputs.append(self._advance(req, 1, now))
+                out = self._advance(req, 1, now)
+                step_tokens += out[1]
+                outputs.append(out)
         decode = [r for r in plan.decode if r.state == RUNNING]
         if decode:
             survival = self._survival
-            per_pos = stats.spec_accepted_per_pos
+            kept_steps = stats.spec_kept
             stats.spec_drafts += len(decode)
             stats.spec_draft_tokens += len(decode) * len(survival)
             itl = stats.itl
@@ -651,13 +660,13 @@ class EngineCore:
                     k += 1
                 itl.observe(now - req.last_token_time)
                 out = self._advance(req, 1 + k, now)
+                step_tokens += out[1]
                 kept = out[1] - 1  # a last step cut at max_tokens keeps what was streamed
                 stats.spec_accepted += kept
-                for pos in range(kept):
-                    per_pos[pos] += 1
+                kept_steps[kept] += 1
                 outputs.append(out)
         if outputs:  # as vLLM: one observation per step that produced output
-            stats.iteration_tokens.observe(sum(n for _, n, _ in outputs) + prompt_computed)
+            stats.iteration_tokens.observe(step_tokens)
         return outputs
 
     def _advance(self, req: SimRequest, n: int, now: float) -> tuple[SimRequest, int, str | None]:
