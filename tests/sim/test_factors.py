@@ -17,7 +17,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pytest_llmspeed.sim import SimOptions, cli_args, parse_sim_spec, running_simulator
+from pytest_llmspeed.sim import (
+    SimOptions,
+    cli_args,
+    parse_sim_spec,
+    running_simulator,
+    running_simulator_process,
+)
 from pytest_llmspeed.sim.__main__ import build_parser
 from pytest_llmspeed.sim.engine import EngineCore, SimRequest, StepPlan, conditional_acceptance
 from pytest_llmspeed.sim.profiles import get_profile
@@ -452,3 +458,25 @@ async def test_kv_preempt_over_http_counts_preemptions_and_completes_all() -> No
     assert value(m, "vllm:prefix_cache_queries_total") == 4000
     assert m["vllm:cache_config_info"][0].labels["kv_cache_size_tokens"] == "8192"
     assert value(m, "vllm:kv_cache_usage_perc") == 0
+
+
+@pytest.mark.asyncio
+async def test_options_reach_a_simulator_started_as_a_process() -> None:
+    """The plugin's path (``running_simulator_process``: the command line): accept=0 accepts
+    no draft, max_num_seqs=1 runs one request at a time, kv_preempt sizes the cache."""
+    options = parse_sim_spec("sim:tiny?speed=20&accept=0&max_num_seqs=1&kv_preempt=40960")
+    bodies = [
+        {"prompt": ids(200, 110 + i), "max_tokens": 100, "ignore_eos": True} for i in range(3)
+    ]
+    with running_simulator_process(options) as url:
+        async with aiohttp.ClientSession() as s:
+            await asyncio.gather(*(stream(s, url + "/v1/completions", b) for b in bodies))
+            m = await metrics(s, url)
+    assert m["vllm:cache_config_info"][0].labels["kv_cache_size_tokens"] == "40960"
+    assert value(m, "vllm:spec_decode_num_drafts_total") == 3 * 99
+    assert value(m, "vllm:spec_decode_num_accepted_tokens_total") == 0
+    assert value(m, "vllm:generation_tokens_total") == 300
+    # one request per step, one token per step: a prefill step and 99 decode steps each (two
+    # requests sharing a step would make fewer)
+    assert value(m, "llmspeed_sim_steps_total") == 300
+    assert value(m, "vllm:iteration_tokens_total_count") == 300
