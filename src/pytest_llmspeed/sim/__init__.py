@@ -67,6 +67,13 @@ class SimOptions:
     start_noise: float = 0.0
     #: seeds that draw (exact, for tests); None: fresh OS entropy at each start
     start_seed: int | None = None
+    #: one factor each (docs/simulator.md, "One factor at a time"): the drafts' acceptance
+    #: rate (accepted / draft tokens; None: the profile's), the most requests running at once
+    #: (vLLM --max-num-seqs; None: the profile's), a KV cache of this many tokens allocated as
+    #: vLLM allocates it, preempting under pressure (None: reserve, never preempt)
+    accept: float | None = None
+    max_num_seqs: int | None = None
+    kv_preempt: int | None = None
 
     def __post_init__(self) -> None:
         profile = get_profile(self.profile)
@@ -86,16 +93,27 @@ class SimOptions:
             raise ValueError(f"stream_interval must be at least 1, got {self.stream_interval}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
-        if self.kv_capacity is not None and self.kv_capacity < profile.block_size:
+        if self.accept is not None and not 0 <= self.accept <= 1:
+            raise ValueError(f"accept must be an acceptance rate in [0, 1], got {self.accept}")
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+        if self.kv_capacity is not None and self.kv_preempt is not None:
             raise ValueError(
-                f"kv_capacity must be at least one block ({profile.block_size} tokens), "
-                f"got {self.kv_capacity}"
+                "kv_capacity and kv_preempt are two ways to size the KV cache: give one "
+                "(kv_preempt preempts under pressure, kv_capacity makes requests wait)"
             )
+        for name in ("kv_capacity", "kv_preempt"):
+            size = getattr(self, name)
+            if size is not None and size < profile.block_size:
+                raise ValueError(
+                    f"{name} must be at least one block ({profile.block_size} tokens), got {size}"
+                )
+        kv_name = "kv_capacity" if self.kv_preempt is None else "kv_preempt"
         if self.effective_kv_capacity < self.effective_max_model_len:
             raise ValueError(
-                f"kv_capacity {self.effective_kv_capacity} is smaller than max_model_len "
+                f"{kv_name} {self.effective_kv_capacity} is smaller than max_model_len "
                 f"{self.effective_max_model_len}: one full-length request would never fit; "
-                "lower max_model_len or raise kv_capacity"
+                f"lower max_model_len or raise {kv_name}"
             )
         parse_faults(self.faults)
         parse_quirks(self.quirks)
@@ -109,7 +127,7 @@ class SimOptions:
     def effective_kv_capacity(self) -> int:
         """KV capacity in tokens after the profile default, rounded down to whole blocks."""
         profile = get_profile(self.profile)
-        capacity = self.kv_capacity or profile.kv_capacity_tokens
+        capacity = self.kv_preempt or self.kv_capacity or profile.kv_capacity_tokens
         return capacity // profile.block_size * profile.block_size
 
 
@@ -128,6 +146,9 @@ _CONVERTERS: dict[str, Any] = {
     "replicas": int,
     "start_noise": float,
     "start_seed": int,
+    "accept": float,
+    "max_num_seqs": int,
+    "kv_preempt": int,
 }
 
 
@@ -264,6 +285,9 @@ def cli_args(options: SimOptions) -> list[str]:
         ("--faults", options.faults),
         ("--quirks", options.quirks),
         ("--start-seed", options.start_seed),
+        ("--accept", None if options.accept is None else repr(options.accept)),
+        ("--max-num-seqs", options.max_num_seqs),
+        ("--kv-preempt", options.kv_preempt),
     ):
         if value is not None:
             args += [flag, str(value)]

@@ -45,6 +45,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV cache size in tokens (default: the profile's)",
     )
     parser.add_argument(
+        "--kv-preempt",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="a KV cache of TOKENS allocated as vLLM allocates it: when the running contexts "
+        "outgrow it the newest running request is preempted and later recomputed (instead "
+        "of --kv-capacity, whose requests wait and are never preempted)",
+    )
+    parser.add_argument(
+        "--accept",
+        type=float,
+        default=None,
+        metavar="RATE",
+        help="drafts' acceptance rate, accepted / draft tokens, in [0, 1] "
+        "(default: the profile's); moves acceptance length only",
+    )
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="most requests running at once, as vLLM's --max-num-seqs (default: the "
+        "profile's); the rest wait",
+    )
+    parser.add_argument(
         "--max-model-len",
         type=int,
         default=None,
@@ -151,6 +176,9 @@ def main(argv: list[str] | None = None) -> None:
             stream_interval=args.stream_interval,
             faults=args.faults,
             quirks=args.quirks,
+            accept=args.accept,
+            max_num_seqs=args.max_num_seqs,
+            kv_preempt=args.kv_preempt,
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -13,6 +13,17 @@ Admission reserves a request's whole KV footprint (prompt + max_tokens, in block
 blocks already cached), so a running request never needs preempting; a request that does not
 fit waits in FIFO order. Full prompt blocks are cached once computed, keyed by their tokens and
 their predecessor's hash; unreferenced cached blocks are evicted least recently used first.
+
+With ``preempt=True`` blocks are allocated as vLLM v1 allocates them: a request holds the blocks
+of the tokens computed so far (plus its drafts' slots), so when the running contexts outgrow the
+cache the newest running request is preempted: its blocks are freed, it goes back to the head of
+the waiting queue, and once readmitted its prompt and generated tokens are computed again.
+
+Counters follow vLLM 0.32's meaning (``vllm/v1/metrics/loggers.py``, ``stats.py``): the
+step-tokens histogram observes, per step that produced output, the tokens generated plus the
+computed (not cached) prompt tokens of requests whose first token came in that step; queue,
+prefill and decode times are observed when a request finishes (first scheduled − reached the
+scheduler, first token − first scheduled, last token − first token).
 """
 
 from __future__ import annotations
@@ -79,6 +90,47 @@ ITL_BUCKETS = (
     80.0,
 )
 
+#: vLLM's ``ITERATION_TOKENS_BUCKETS`` (vllm/v1/metrics/buckets.py)
+ITERATION_TOKENS_BUCKETS = (
+    1.0,
+    8.0,
+    16.0,
+    32.0,
+    64.0,
+    128.0,
+    256.0,
+    512.0,
+    1024.0,
+    2048.0,
+    4096.0,
+    8192.0,
+    16384.0,
+)
+#: vLLM's ``REQUEST_LATENCY_BUCKETS``: queue, prefill and decode time per request
+REQUEST_LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+
 
 class Histogram:
     """Cumulative-bucket histogram as Prometheus exposes it."""
@@ -114,9 +166,28 @@ class EngineStats:
     spec_drafts: int = 0
     spec_draft_tokens: int = 0
     spec_accepted: int = 0
+    #: decode steps by drafts accepted (index k: k accepted), behind ``spec_accepted_per_pos``
+    spec_kept: list[int] = field(default_factory=list)
+    #: prompt tokens of requests that got their first token, computed / found in the cache
+    prompt_computed: int = 0
+    prompt_cached: int = 0
+    preemptions: int = 0
+    #: simulated seconds of the steps completed (after speed and noise): the model's own clock
+    step_seconds: float = 0.0
     finished: dict[str, int] = field(default_factory=dict)
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
+    iteration_tokens: Histogram = field(default_factory=lambda: Histogram(ITERATION_TOKENS_BUCKETS))
+    queue_time: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
+    prefill_time: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
+    decode_time: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
+
+    @property
+    def spec_accepted_per_pos(self) -> list[int]:
+        """Accepted drafts by position (0 = the first draft), as vLLM's ``..._per_pos``: a
+        step that accepted k drafts accepted one at each position below k."""
+        kept = self.spec_kept
+        return [sum(kept[pos + 1 :]) for pos in range(max(len(kept) - 1, 0))]
 
 
 class OutputSink(Protocol):
@@ -156,6 +227,12 @@ class SimRequest:
     anon_blocks: int = 0
     paused_until: float = 0.0
     spec_u: float = 0.0
+    #: tokens to compute before the next token: the prompt, or after a preemption the prompt
+    #: and the tokens generated before it
+    prefill_target: int = 0
+    preemptions: int = 0
+    #: engine time of the first admission (vLLM's first SCHEDULED event)
+    scheduled_at: float | None = None
     first_token_time: float | None = None
     last_token_time: float = 0.0
     finish_reason: str | None = None
@@ -261,8 +338,31 @@ def start_factor(noise: float, seed: int | None = None) -> float:
     return math.exp(noise * z - noise * noise / 2)
 
 
+def conditional_acceptance(rate: float, drafts: int) -> float:
+    """The per-draft acceptance ``a`` (draft i accepted with probability ``a`` when the drafts
+    before it were) that makes ``accepted / draft tokens = (a + a² + … + a^drafts) / drafts``
+    equal ``rate``."""
+    if not 0 <= rate <= 1:
+        raise ValueError(f"acceptance rate must be in [0, 1], got {rate}")
+    if drafts <= 0 or rate in (0.0, 1.0):
+        return rate
+    lo, hi = 0.0, 1.0
+    for _ in range(100):
+        a = (lo + hi) / 2
+        if sum(a**i for i in range(1, drafts + 1)) / drafts < rate:
+            lo = a
+        else:
+            hi = a
+    return (lo + hi) / 2
+
+
 class EngineCore:
-    """Scheduler + step-time model + KV cache of one simulated vLLM engine."""
+    """Scheduler + step-time model + KV cache of one simulated vLLM engine.
+
+    ``max_num_seqs`` (None: the profile's) caps the running requests; ``acceptance`` (None: the
+    profile's ``draft_acceptance``) sets the drafts' acceptance rate, accepted / draft tokens;
+    ``preempt`` allocates KV blocks as vLLM does, preempting under pressure (see the module).
+    """
 
     def __init__(
         self,
@@ -272,6 +372,9 @@ class EngineCore:
         speed: float = 1.0,
         noise: float = 0.0,
         seed: int = 0,
+        max_num_seqs: int | None = None,
+        acceptance: float | None = None,
+        preempt: bool = False,
     ) -> None:
         self.profile = p = profile
         self.block_size = p.block_size
@@ -281,18 +384,26 @@ class EngineCore:
         self.pool = BlockPool(self.num_blocks)
         self.speed = speed
         self.noise = noise
+        self.max_num_seqs = p.max_num_seqs if max_num_seqs is None else max_num_seqs
+        self.preempt = preempt
         self.rng = np.random.default_rng([seed, 0])
         self.noise_rng = np.random.default_rng([seed, 1])
+        k = p.num_speculative_tokens
+        if acceptance is None:
+            conditional = tuple(p.draft_acceptance[:k])
+        else:
+            conditional = (conditional_acceptance(acceptance, k),) * k
         survival, acc = [], 1.0
-        for a in p.draft_acceptance[: p.num_speculative_tokens]:
+        for a in conditional:
             acc *= a
             survival.append(acc)
         self._survival = tuple(survival)
-        self.decode_cost_tokens = 1 + p.num_speculative_tokens
+        self.decode_cost_tokens = 1 + k
         self.pending: list[tuple[float, int, SimRequest]] = []
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.stats = EngineStats()
+        self.stats.spec_kept = [0] * (len(survival) + 1)
 
     # -- requests -------------------------------------------------------------------------
 
@@ -303,6 +414,7 @@ class EngineCore:
         delay = (p.frontend_base_s + p.frontend_per_prompt_token_s * req.prompt_len) / self.speed
         req.ready_at = now + delay
         req.block_hashes = block_hashes(req.prompt_ids, self.block_size)
+        req.prefill_target = req.prompt_len
         if req.ignore_eos or p.eos_probability <= 0:
             req.stop_at = req.max_tokens + 1
         else:
@@ -345,16 +457,22 @@ class EngineCore:
             if req.state == WAITING:
                 self.waiting.append(req)
 
-    def _blocks_for(self, req: SimRequest) -> tuple[int, int]:
+    def _blocks_for(self, req: SimRequest, budget: int) -> tuple[int, int]:
+        """(cached prefix blocks, blocks to allocate) to admit ``req``: its whole footprint,
+        or with ``preempt`` the blocks of its first chunk under ``budget``."""
         bs = self.block_size
         hits = self.pool.hit_blocks(req.block_hashes, (req.prompt_len - 1) // bs)
-        total = -(-(req.prompt_len + req.max_tokens) // bs)
+        if self.preempt:
+            computed = hits * bs
+            total = -(-(computed + min(req.prefill_target - computed, budget)) // bs)
+        else:
+            total = -(-(req.prompt_len + req.max_tokens) // bs)
         return hits, total - hits
 
     def _fits(self, req: SimRequest) -> bool:
-        if len(self.running) >= self.profile.max_num_seqs:
+        if len(self.running) >= self.max_num_seqs:
             return False
-        hits, need = self._blocks_for(req)
+        hits, need = self._blocks_for(req, self.profile.max_num_batched_tokens)
         return self.pool.can_allocate(req.block_hashes, hits, need)
 
     def next_event(self, now: float) -> float | None:
@@ -373,6 +491,39 @@ class EngineCore:
             later.append(self.pending[0][0])
         return min(later) if later else None
 
+    def _grow(self, req: SimRequest, tokens: int) -> bool:
+        """``preempt`` mode: give ``req`` the blocks to hold ``tokens``, preempting the newest
+        running requests while they do not fit (vLLM's FCFS rule); False if ``req`` itself
+        had to go."""
+        held = len(req.ref_hashes) + req.anon_blocks
+        extra = -(-tokens // self.block_size) - held
+        if extra <= 0:
+            return True
+        pool = self.pool
+        while not pool.can_allocate((), 0, extra):
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is req:
+                return False
+        pool.allocate((), 0, extra)
+        req.anon_blocks += extra
+        return True
+
+    def _preempt(self, req: SimRequest) -> None:
+        """Free a running request's blocks and put it back at the head of the waiting queue;
+        readmitted, it computes its prompt and the tokens it had generated again."""
+        self.running.remove(req)
+        self.pool.release(req.ref_hashes, req.anon_blocks)
+        req.ref_hashes = []
+        req.anon_blocks = 0
+        req.next_block = 0
+        req.computed = 0
+        req.prefill_target = req.prompt_len + req.output
+        req.preemptions += 1
+        req.state = WAITING
+        self.stats.preemptions += 1
+        self.waiting.appendleft(req)
+
     def plan(self, now: float) -> StepPlan | None:
         """Pick the next step's batch (FCFS, chunked prefill under the token budget)."""
         self._promote(now)
@@ -381,20 +532,38 @@ class EngineCore:
         decode: list[SimRequest] = []
         prefill: list[tuple[SimRequest, int]] = []
         cost = self.decode_cost_tokens
-        for req in self.running:
+        drafts = cost - 1
+        preempted = self.stats.preemptions
+        running = self.running
+        i = 0
+        while i < len(running):
+            req = running[i]
+            i += 1
             if req.paused_until > now or budget <= 0:
                 continue
-            remaining = req.prompt_len - req.computed
+            remaining = req.prefill_target - req.computed
             if remaining > 0:
                 n = min(remaining, budget)
+                if self.preempt and not self._grow(req, req.computed + n):
+                    break
                 prefill.append((req, n))
                 budget -= n
             elif budget >= cost:
+                if self.preempt:
+                    limit = req.prompt_len + req.max_tokens
+                    if not self._grow(req, min(req.prompt_len + req.output + drafts, limit)):
+                        break
                 decode.append(req)
                 budget -= cost
-        while self.waiting and budget > 0 and len(self.running) < p.max_num_seqs:
+        # as vLLM: no request is admitted in a step that preempted one
+        while (
+            preempted == self.stats.preemptions
+            and self.waiting
+            and budget > 0
+            and len(running) < self.max_num_seqs
+        ):
             req = self.waiting[0]
-            hits, need = self._blocks_for(req)
+            hits, need = self._blocks_for(req, budget)
             if not self.pool.can_allocate(req.block_hashes, hits, need):
                 break
             self.waiting.popleft()
@@ -403,15 +572,20 @@ class EngineCore:
             req.ref_hashes = list(req.block_hashes[:hits])
             req.next_block = hits
             req.anon_blocks = need
-            req.cached_tokens = req.computed = hits * bs
-            self.stats.prefix_queries += req.prompt_len
-            self.stats.prefix_hits += hits * bs
+            req.computed = hits * bs
+            if req.scheduled_at is None:  # the first admission (a preempted one is not counted)
+                req.cached_tokens = req.computed
+                self.stats.prefix_queries += req.prompt_len
+                self.stats.prefix_hits += hits * bs
+                req.scheduled_at = max(now, req.ready_at)
             req.state = RUNNING
-            self.running.append(req)
-            n = min(req.prompt_len - req.computed, budget)
+            running.append(req)
+            n = min(req.prefill_target - req.computed, budget)
             prefill.append((req, n))
             budget -= n
         if not decode and not prefill:
+            if preempted != self.stats.preemptions:
+                return self.plan(now)  # all it could run went back to waiting: admit now
             return None
         return StepPlan(decode, prefill, self.step_time(decode, prefill))
 
@@ -444,6 +618,8 @@ class EngineCore:
         stats = self.stats
         bs = self.block_size
         pool = self.pool
+        stats.step_seconds += plan.duration
+        step_tokens = 0  # generated, and the computed prompts of this step's first tokens
         for req, q in plan.prefill:
             if req.state != RUNNING:
                 continue
@@ -455,14 +631,23 @@ class EngineCore:
                     req.ref_hashes.append(h)
                     req.anon_blocks -= 1
                 req.next_block += 1
-            if req.computed >= req.prompt_len:
-                stats.prompt_tokens += req.prompt_len
-                stats.ttft.observe(now - req.arrival)
-                req.first_token_time = now
-                outputs.append(self._advance(req, 1, now))
+            if req.computed >= req.prefill_target:
+                if req.first_token_time is None:
+                    stats.prompt_tokens += req.prompt_len
+                    stats.prompt_cached += req.cached_tokens
+                    stats.prompt_computed += req.prompt_len - req.cached_tokens
+                    step_tokens += req.prompt_len - req.cached_tokens
+                    stats.ttft.observe(now - req.arrival)
+                    req.first_token_time = now
+                else:  # recomputed after a preemption: the next token
+                    stats.itl.observe(now - req.last_token_time)
+                out = self._advance(req, 1, now)
+                step_tokens += out[1]
+                outputs.append(out)
         decode = [r for r in plan.decode if r.state == RUNNING]
         if decode:
             survival = self._survival
+            kept_steps = stats.spec_kept
             stats.spec_drafts += len(decode)
             stats.spec_draft_tokens += len(decode) * len(survival)
             itl = stats.itl
@@ -475,8 +660,13 @@ class EngineCore:
                     k += 1
                 itl.observe(now - req.last_token_time)
                 out = self._advance(req, 1 + k, now)
-                stats.spec_accepted += out[1] - 1
+                step_tokens += out[1]
+                kept = out[1] - 1  # a last step cut at max_tokens keeps what was streamed
+                stats.spec_accepted += kept
+                kept_steps[kept] += 1
                 outputs.append(out)
+        if outputs:  # as vLLM: one observation per step that produced output
+            stats.iteration_tokens.observe(step_tokens)
         return outputs
 
     def _advance(self, req: SimRequest, n: int, now: float) -> tuple[SimRequest, int, str | None]:
@@ -507,4 +697,9 @@ class EngineCore:
         self.pool.release(req.ref_hashes, req.anon_blocks)
         req.state = FINISHED
         req.finish_reason = reason
-        self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
+        stats = self.stats
+        stats.finished[reason] = stats.finished.get(reason, 0) + 1
+        if req.scheduled_at is not None and req.first_token_time is not None:
+            stats.queue_time.observe(req.scheduled_at - req.ready_at)
+            stats.prefill_time.observe(req.first_token_time - req.scheduled_at)
+            stats.decode_time.observe(req.last_token_time - req.first_token_time)

@@ -2,7 +2,10 @@
 
 Counters count tokens as vLLM does: ``prompt_tokens_total`` at each request's first token,
 ``generation_tokens_total`` as tokens are generated, ``prefix_cache_queries_total`` /
-``hits_total`` in prompt tokens when a request is admitted (hits = tokens found in the cache).
+``hits_total`` in prompt tokens when a request is first admitted (hits = tokens found in the
+cache; a preempted request's second lookup is not counted, as in vLLM 0.32). Names, types,
+labels and units are vLLM 0.32's (``vllm/v1/metrics/loggers.py``,
+``vllm/v1/spec_decode/metrics.py``); docs/simulator.md lists them with their meaning.
 """
 
 from __future__ import annotations
@@ -70,6 +73,13 @@ def render_metrics(server: SimServer) -> str:
         "llmspeed-sim: steps that started over 50 ms late (the simulator was the bottleneck)",
     )
     out.append(f"llmspeed_sim_late_steps_total {float(server.late_steps)!r}")
+    family(
+        "llmspeed_sim_step_seconds_total",
+        "counter",
+        "llmspeed-sim: simulated seconds of the steps run, the model's own clock (after speed "
+        "and noise); steps_total over it is the model's steps/s, however busy the machine",
+    )
+    out.append(f"llmspeed_sim_step_seconds_total {stats.step_seconds!r}")
     family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
     out.append(
         "vllm:cache_config_info"
@@ -91,6 +101,19 @@ def render_metrics(server: SimServer) -> str:
     gauge(
         "vllm:num_requests_waiting", "Number of requests waiting to be processed.", core.num_waiting
     )
+    family(
+        "vllm:num_requests_waiting_by_reason",
+        "gauge",
+        "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
+        "scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV "
+        "transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
+    )
+    # every waiting request here waits for capacity (KV blocks, max_num_seqs, token budget)
+    for reason, waiting in (("capacity", core.num_waiting), ("deferred", 0)):
+        out.append(
+            f"vllm:num_requests_waiting_by_reason{_labels(**base, reason=reason)} "
+            f"{float(waiting)!r}"
+        )
     gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", core.kv_usage)
     counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", stats.prompt_tokens)
     counter(
@@ -108,7 +131,20 @@ def render_metrics(server: SimServer) -> str:
         "Prefix cache hits, in terms of number of cached tokens.",
         stats.prefix_hits,
     )
-    counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", 0)
+    family("vllm:prompt_tokens_by_source_total", "counter", "Number of prompt tokens by source.")
+    for source, tokens in (
+        ("local_compute", stats.prompt_computed),
+        ("local_cache_hit", stats.prompt_cached),
+        ("external_kv_transfer", 0),
+    ):
+        out.append(
+            f"vllm:prompt_tokens_by_source_total{_labels(**base, source=source)} {float(tokens)!r}"
+        )
+    counter(
+        "vllm:num_preemptions_total",
+        "Cumulative number of preemption from the engine.",
+        stats.preemptions,
+    )
     family("vllm:request_success_total", "counter", "Count of successfully processed requests.")
     for reason in ("stop", "length", "abort"):
         value = float(stats.finished.get(reason, 0))
@@ -125,6 +161,36 @@ def render_metrics(server: SimServer) -> str:
         "vllm:spec_decode_num_accepted_tokens_total",
         "Number of accepted tokens.",
         stats.spec_accepted,
+    )
+    family(
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+        "counter",
+        "Accepted tokens per draft position.",
+    )
+    for pos, accepted in enumerate(stats.spec_accepted_per_pos):
+        out.append(
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+            f"{_labels(**base, position=str(pos))} {float(accepted)!r}"
+        )
+    histogram(
+        "vllm:iteration_tokens_total",
+        "Histogram of number of tokens per engine_step.",
+        stats.iteration_tokens,
+    )
+    histogram(
+        "vllm:request_queue_time_seconds",
+        "Histogram of time spent in WAITING phase for request.",
+        stats.queue_time,
+    )
+    histogram(
+        "vllm:request_prefill_time_seconds",
+        "Histogram of time spent in PREFILL phase for request.",
+        stats.prefill_time,
+    )
+    histogram(
+        "vllm:request_decode_time_seconds",
+        "Histogram of time spent in DECODE phase for request.",
+        stats.decode_time,
     )
     histogram(
         "vllm:time_to_first_token_seconds",

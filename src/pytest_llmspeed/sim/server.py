@@ -149,6 +149,9 @@ class Rejected:
             "finish_reason": self.reason,
             "completion_tokens": 0,
             "stream": self.streaming,
+            "queued": None,
+            "scheduled": None,
+            "preemptions": 0,
         }
 
 
@@ -366,6 +369,9 @@ class Stream:
             "finish_reason": self.finish,
             "completion_tokens": self.generated,
             "stream": self.streaming,
+            "queued": req.ready_at or None,
+            "scheduled": req.scheduled_at,
+            "preemptions": req.preemptions,
         }
 
 
@@ -395,6 +401,9 @@ class SimServer:
             speed=self.speed,
             noise=options.noise,
             seed=options.seed,
+            max_num_seqs=options.max_num_seqs,
+            acceptance=options.accept,
+            preempt=options.kv_preempt is not None,
         )
         self.trace: deque[Stream | Rejected] = deque(maxlen=TRACE_LIMIT)
         self.active: set[Stream] = set()
@@ -492,7 +501,7 @@ class SimServer:
                 await asyncio.sleep(0.001)
                 continue
             end = start + plan.duration
-            if any(r.computed + q >= r.prompt_len for r, q in plan.prefill):
+            if any(r.computed + q >= r.prefill_target for r, q in plan.prefill):
                 # A first token ends this step. The loop wakes from a timed sleep 1-2 ms late
                 # (epoll rounds up to whole ms), which a TTFT, counted from the arrival, would
                 # keep: sleep short and yield until the step's end. Other steps need no such
