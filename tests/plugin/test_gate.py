@@ -195,3 +195,25 @@ def test_github_step_summary(pytester, monkeypatch):
     text = summary.read_text()
     assert text.startswith("## LLM speed: ")
     assert "| Context   |" in text and "**Sustained decode**" in text
+
+
+def test_failed_decode_cells_are_not_gated_as_warm_ups(pytester, baseline):
+    # A decode cell that fails (a request ends with an error event: over the error rate) has no
+    # verdict, and at the session's end only prefill warm-ups are gated. A failed decode cell
+    # whose figures were past their limit was taken for a warm-up and re-measured as a
+    # prefill: a traceback from pytest_sessionfinish (seen on real vLLM under load). The
+    # simulator's faults are drawn per request from its seed: with seed 2 at half speed the
+    # first prefill fails (c1 not run) and one of c4's requests does.
+    result = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=0.5&seed=2&faults=midstream=0.08",
+        *ARGS,
+        f"--llm-baseline={baseline}",
+        "--llm-results=out.json",
+    )
+    assert result.ret == 1
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    cells = {c["id"]: c for c in json.loads((pytester.path / "out.json").read_text())["cells"]}
+    c4 = cells["decode[1K-c4]"]
+    assert c4["status"] == "failed" and "requests failed" in c4["reason"]
+    assert "baseline" not in c4
+    assert not any("warm-up" in note for note in c4.get("notes", []))

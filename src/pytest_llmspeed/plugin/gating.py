@@ -115,6 +115,7 @@ class GateSession:
         from ..core.records import prefill_record
         from ..gate.verdict import NOT_GATED, gated, verdict, wants_another
         from ..report.terminal import WARMUP_NOTE
+        from ..results import Phase
 
         if self.baseline is None:
             return
@@ -122,6 +123,8 @@ class GateSession:
         fresh = server.restartable  # each re-measurement on a fresh start
         for cid, record in list(store.cells.items()):
             entry = self.baseline.cells.get(cid)
+            if record.id.phase is not Phase.PREFILL:  # a decode cell has its test's verdict
+                continue
             if entry is None or not record.measured or record.gate is not None:
                 continue
             base_repeats = self.baseline.run.get("prefill_repeats", 1)
