@@ -61,7 +61,9 @@ def metrics_source(url: str, session_of: Connection) -> MetricsSource:
     path = parts.path or "/metrics"
     if parts.query:
         path += "?" + parts.query
-    return MetricsSource(Connection(base, None, session_of.timeout, session_of.session), path)
+    return MetricsSource(
+        Connection(base, None, session_of.timeout, session_of.session, session_of.fresh), path
+    )
 
 
 @dataclass
@@ -88,7 +90,8 @@ class ReplicaSet:
         """Create inside the event loop that will use it."""
         first = Connection.open(urls[0], api_key, timeout)
         conns = [first] + [
-            Connection(u.rstrip("/"), api_key, timeout, first.session) for u in urls[1:]
+            Connection(u.rstrip("/"), api_key, timeout, first.session, first.fresh)
+            for u in urls[1:]
         ]
         if metrics_urls:
             sources = [metrics_source(u, first) for u in metrics_urls]
