@@ -29,6 +29,9 @@ from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any
 
+from . import figures
+from .figures import Gate
+
 SCHEMA = "pytest-llmspeed/results/v1"
 _SCHEMA_RE = re.compile(r"^pytest-llmspeed/results/v(\d+)$")
 #: major versions this reader understands
@@ -192,16 +195,12 @@ class CellId:
 
 # -- the gate's verdict ------------------------------------------------------------------------
 
-#: floors (higher is better) and ceilings (lower is better) a baseline cell may carry
-FLOORS = ("total_tok_s", "per_request_tok_s", "prompt_tok_s")
-CEILINGS = ("ttft_ms", "tbt_ms")
-METRIC_NAMES = {
-    "total_tok_s": "total tok/s",
-    "per_request_tok_s": "per-request tok/s",
-    "prompt_tok_s": "prompt tok/s",
-    "ttft_ms": "TTFT ms",
-    "tbt_ms": "time between tokens ms",
-}
+#: floors (higher is better) and ceilings (lower is better) a baseline cell may carry, and
+#: their words: read from :data:`~pytest_llmspeed.figures.FIGURES` (kept for readers of 0.x;
+#: the code calls :mod:`~pytest_llmspeed.figures`' lookups, which see a figure added later)
+FLOORS = tuple(f.key for f in figures.floors())
+CEILINGS = tuple(f.key for f in figures.ceilings())
+METRIC_NAMES = {f.key: f.label for f in figures.gated()}
 
 
 def _minus(text: str) -> str:
@@ -262,7 +261,7 @@ class Check:
 
     @property
     def is_floor(self) -> bool:
-        return self.metric in FLOORS
+        return figures.gate_of(self.metric) is Gate.FLOOR
 
     @property
     def limit(self) -> float:
@@ -425,7 +424,7 @@ class Check:
         return ", beyond both intervals" if self.uses_intervals else ""
 
     def message(self) -> str:
-        name = METRIC_NAMES[self.metric]
+        name = figures.by_key(self.metric).label
         sign = "−" if self.is_floor else "+"
         cmp, word = ("<", "floor") if self.is_floor else (">", "ceiling")
         attempts = ""
@@ -441,7 +440,7 @@ class Check:
         )
 
     def noisy_message(self) -> str:
-        name = METRIC_NAMES[self.metric]
+        name = figures.by_key(self.metric).label
         delta = _minus(f"{self.value / self.reference - 1:+.1%}")
         if self.spread_known:
             within = (
@@ -496,7 +495,7 @@ class Check:
     def from_v1(cls, cell: str, data: Mapping[str, Any]) -> Check:
         reference = float(data["reference"])
         limit = float(data["limit"])
-        floor = data["metric"] in FLOORS
+        floor = figures.gate_of(str(data["metric"])) is Gate.FLOOR
         tolerance = round((1 - limit / reference) if floor else (limit / reference - 1), 4)
         ref_ci = data.get("reference_ci")
         spread = data.get("spread")
@@ -560,34 +559,19 @@ class Samples:
     per_request_tok_s: tuple[float, ...] = ()
 
 
-#: figures attached to JUnit test cases (scalars only), in this order
-PROPERTY_KEYS = (
-    "phase", "context", "context_tokens", "concurrency", "status", "reason",
-    "prompt_tok_s", "total_tok_s", "per_request_tok_s", "ttft_ms", "ttft_p90_ms", "ttft_p99_ms",
-    "tbt_ms", "tbt_p90_ms", "tbt_p99_ms", "avg_active", "completed", "output_tokens",
-    "measured_s", "requests", "errors", "early_stops", "tokens", "queued",
-    "effective_concurrency", "stability_cv",
-    "total_tok_s_ci_low", "total_tok_s_ci_high", "per_request_tok_s_ci_low",
-    "per_request_tok_s_ci_high", "ttft_ms_ci_low", "ttft_ms_ci_high", "tbt_ms_ci_low",
-    "tbt_ms_ci_high", "prompt_tok_s_ci_low", "prompt_tok_s_ci_high", "precision",
-    "window_end", "drift", "little_residual",
-)  # fmt: skip
+#: the identity of a cell among its JUnit properties, before its figures
+_ID_PROPERTIES = ("phase", "context", "context_tokens", "concurrency", "status", "reason")
 
-# v1 key order of a measured cell (the fields a phase writes even when None)
-_PREFILL_KEYS = ("prompt_tok_s", "ttft_ms", "completed", "max_tokens", "repeats")
-_DECODE_KEYS = (
-    "total_tok_s", "per_request_tok_s", "ttft_ms", "ttft_p90_ms", "ttft_p99_ms", "tbt_ms",
-    "tbt_p90_ms", "tbt_p99_ms", "avg_active", "completed", "output_tokens", "measured_s",
-    "requests", "errors", "error_summary", "early_stops", "wrong_prompt_lengths", "tokens",
-    "queued", "effective_concurrency", "max_waiting", "stability_cv", "per_second_tok",
-    "received_tokens", "received_chunks", "generation_tokens_delta", "received_span",
-    "max_output", "duration_s",
-)  # fmt: skip
-#: keys written only when known (added in 0.2: intervals, drift, Little's law, early ends)
-CI_KEYS = (
-    "total_tok_s_ci", "per_request_tok_s_ci", "ttft_ms_ci", "tbt_ms_ci", "prompt_tok_s_ci",
-)  # fmt: skip
-_OPTIONAL_KEYS = (*CI_KEYS, "ci_method", "drift", "little_residual", "precision", "window_end")
+
+def _written_when_known() -> list[str]:
+    """Keys a cell writes only when known, in order: the intervals, then the optional
+    figures."""
+    return [
+        *(f.ci_key for f in figures.with_interval()),
+        *(f.key for f in figures.FIGURES if f.optional),
+    ]
+
+
 _ID_KEYS = ("id", "phase", "context", "context_tokens", "context_display", "concurrency", "status")
 _GATE_KEYS = ("baseline", "baseline_checks", "attempts")
 
@@ -655,6 +639,9 @@ class CellRecord:
     notes: tuple[str, ...] = ()
     #: keys of the file this version does not know, kept and written back
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: figures of its phase the file it was read from did not have (written by a version
+    #: before them): not written back
+    absent: frozenset[str] = frozenset()
 
     # -- what the cell is
     @property
@@ -697,16 +684,25 @@ class CellRecord:
 
     # -- outputs
     def properties(self) -> list[tuple[str, Any]]:
-        """The record's scalar figures as JUnit ``user_properties``."""
+        """The record's scalar figures as JUnit ``user_properties``: its identity, then the
+        figures with a JUnit name in the order of :data:`~.figures.FIGURES`, each interval as
+        two scalars (``_ci_low``, ``_ci_high``), the figures written only when known, each
+        replica's total tok/s."""
         flat = self.to_v1()
-        for key in CI_KEYS:  # an interval as two scalars
-            if key in flat:
-                flat[f"{key}_low"], flat[f"{key}_high"] = flat.pop(key)
-        props = [
-            (key, flat[key])
-            for key in PROPERTY_KEYS
-            if key in flat and flat[key] is not None and not isinstance(flat[key], list | dict)
-        ]
+        props = [(key, flat[key]) for key in _ID_PROPERTIES if flat.get(key) is not None]
+
+        def scalars(group: Iterable[figures.Figure]) -> None:
+            for f in group:
+                value = flat.get(f.key)
+                if f.junit and value is not None and not isinstance(value, list | dict):
+                    props.append((f.junit, value))
+
+        scalars(f for f in figures.FIGURES if not f.optional)
+        for f in figures.with_interval():
+            ci = flat.get(f.ci_key)
+            if f.junit and ci is not None:
+                props += [(f"{f.junit}_ci_low", ci[0]), (f"{f.junit}_ci_high", ci[1])]
+        scalars(f for f in figures.FIGURES if f.optional)
         for i, rate in enumerate(self.replica_tok_s or (), start=1):
             props.append((f"replica{i}_total_tok_s", rate))
         return props
@@ -725,15 +721,10 @@ class CellRecord:
         out["status"] = self.status.value
         if self.reason is not None:
             out["reason"] = self.reason
-        if self.samples is not None:  # a measured cell: its phase's keys, None included
-            keys = _PREFILL_KEYS if self.phase is Phase.PREFILL else _DECODE_KEYS
-            for key in keys:
-                value = getattr(self, key)
-                if isinstance(value, tuple):
-                    value = list(value)
-                elif isinstance(value, Mapping):
-                    value = dict(value)
-                out[key] = value
+        if self.samples is not None:  # a measured cell: its phase's figures, None included
+            for f in figures.of_phase(self.phase, optional=False):
+                if f.key not in self.absent:
+                    out[f.key] = figures.written(getattr(self, f.key))
             samples: dict[str, list[float]] = {"ttft_ms": list(self.samples.ttft_ms)}
             if self.phase is Phase.DECODE:
                 samples["tbt_ms"] = list(self.samples.tbt_ms)
@@ -741,10 +732,10 @@ class CellRecord:
             out["samples"] = samples
             if self.replica_tok_s is not None:
                 out["replica_tok_s"] = list(self.replica_tok_s)
-        for key in _OPTIONAL_KEYS:
+        for key in _written_when_known():
             value = getattr(self, key)
             if value is not None:
-                out[key] = list(value) if isinstance(value, tuple) else value
+                out[key] = figures.written(value)
         if self.gate is not None:
             out["baseline"] = self.gate.outcome.value
             if self.gate.checks:
@@ -767,19 +758,24 @@ class CellRecord:
             "reason": data.get("reason"),
         }
         known = set(_ID_KEYS) | set(_GATE_KEYS) | {"reason", "samples", "notes"}
-        for key in _OPTIONAL_KEYS:
-            if data.get(key) is not None:
-                value = data[key]
-                kwargs[key] = (float(value[0]), float(value[1])) if key in CI_KEYS else value
-                known.add(key)
+        for f in figures.with_interval():
+            value = data.get(f.ci_key)
+            if value is not None:
+                kwargs[f.ci_key] = (float(value[0]), float(value[1]))
+                known.add(f.ci_key)
+        for f in figures.FIGURES:
+            if f.optional and data.get(f.key) is not None:
+                kwargs[f.key] = figures.read(f, data[f.key])
+                known.add(f.key)
         if "samples" in data:
-            keys = _PREFILL_KEYS if cid.phase is Phase.PREFILL else _DECODE_KEYS
-            for key in keys:
-                value = data.get(key)
-                if key in ("per_second_tok", "received_span") and value is not None:
-                    value = tuple(value)
-                kwargs[key] = value
-            known |= set(keys)
+            absent = set()
+            for f in figures.of_phase(cid.phase, optional=False):
+                if f.key in data:
+                    kwargs[f.key] = figures.read(f, data[f.key])
+                else:  # a file older than the figure: it stays absent when written back
+                    absent.add(f.key)
+                known.add(f.key)
+            kwargs["absent"] = frozenset(absent)
             s = data["samples"]
             kwargs["samples"] = Samples(
                 tuple(s.get("ttft_ms", ())),
