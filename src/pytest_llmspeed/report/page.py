@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from .. import figures
 from ..results import CellRecord, Outcome, Phase, Results, Status, order_contexts
 from .charts import Series, line_chart
 from .compare import Comparison, Verdict, change_matrix, fmt_change
@@ -378,6 +379,8 @@ def _comparison(cmp: Comparison) -> dict[str, Any]:
     lines.append({"text": summary_line(cmp), "cls": ""})
     return {
         "old_label": cmp.old_label,
+        "decode_figure": figures.headline(Phase.DECODE).label,
+        "prefill_figure": figures.headline(Phase.PREFILL).label,
         "header": lines,
         "columns": header,
         "rows": [{"label": ctx, "cells": [cell(c) for c in cells]} for ctx, cells in rows],
