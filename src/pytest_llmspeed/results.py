@@ -17,6 +17,7 @@ History of the format (``schema`` key):
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -241,7 +242,10 @@ class Check:
     an attempt's (the between-start spread, and the window's own ``w_X`` from its interval).
     The mean of n attempts has ``(spread² + mean w²) / n`` when each ran on a fresh start of
     the server (``fresh_starts``), ``spread² + mean w² / n`` when they share one. Without
-    intervals or spread the noise is 0 and the rule is the flat one: past the limit."""
+    intervals or spread the noise is 0 and the rule is the flat one: past the limit.
+
+    A check read from a results file keeps the verdict the file stored (``stored``): it is
+    never judged again with this version's rule, and is written back as it was read."""
 
     cell: str
     metric: str
@@ -258,6 +262,9 @@ class Check:
     reference_runs: int = 1  # runs the reference is the mean of
     quantile: float = Z99  # one-sided 99 %: Student's t with spread_dof when spread is known
     fresh_starts: bool = False  # each re-measurement ran on a fresh start of the server
+    #: the check as a results file wrote it (its verdict, noisy, improved are read from it);
+    #: None: judged here, by this version's rule
+    stored: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def is_floor(self) -> bool:
@@ -369,7 +376,10 @@ class Check:
         """Confirmed. Attempts sharing one start: every attempt misses, and so does their
         mean. On fresh starts: the mean of all the attempts misses, with the fresh-start
         variance (a first attempt past the limit took every confirmation, none stopped by one
-        that passes: each start is a sample of the noise that matters, docs/gate.md)."""
+        that passes: each start is a sample of the noise that matters, docs/gate.md). A check
+        read from a file: its stored verdict."""
+        if self.stored is not None:
+            return self.stored.get("verdict") == "regressed"
         if self.fresh_starts:
             return self.mean_misses()
         return all(self.attempt_misses(i) for i in range(len(self.values))) and (self.mean_misses())
@@ -377,12 +387,16 @@ class Check:
     @property
     def noisy(self) -> bool:
         """Past the limit, but within the noise: too noisy to tell (not a failure)."""
+        if self.stored is not None:
+            return bool(self.stored.get("noisy", False))
         return self.past_limit() and not self.regressed
 
     @property
     def improved(self) -> bool:
         """Better than the reference by more than the tolerance, beyond the noise (+5.0 %
         at 5 % is not: the float of 105/100 − 1 is a hair above 0.05)."""
+        if self.stored is not None:
+            return bool(self.stored.get("improved", False))
         margin = self.margin(self.value, self.variance())
         better = self.change * self.reference
         return better > (self.tolerance + 1e-9) * self.reference and better > margin
@@ -465,6 +479,9 @@ class Check:
         )
 
     def to_v1(self) -> dict[str, Any]:
+        """The check as the v1 file writes it; a check read from a file, as it was read."""
+        if self.stored is not None:
+            return copy.deepcopy(dict(self.stored))
         out: dict[str, Any] = {
             "metric": self.metric,
             "reference": self.reference,
@@ -489,6 +506,8 @@ class Check:
             out["reference_runs"] = self.reference_runs
         if self.fresh_starts:
             out["fresh_starts"] = True
+        if self.improved and not self.regressed:
+            out["improved"] = True
         return out
 
     @classmethod
@@ -513,6 +532,7 @@ class Check:
             reference_runs=int(data.get("reference_runs", 1)),
             quantile=float(data.get("quantile", Z99)),
             fresh_starts=bool(data.get("fresh_starts", False)),
+            stored=copy.deepcopy(dict(data)),
         )
 
 
