@@ -44,6 +44,9 @@ class Figure:
     gate: Gate | None = None
     ci: bool = False  # a 95 % interval beside it: KEY_ci = [low, high]
     headline: bool = False  # the figure compare judges its phase's cells by
+    #: listed with a cell's further figures (the terminal's -v, the page's measurements); the
+    #: others have their place in the tables' own layout, or none
+    listed: bool = False
 
     def __post_init__(self) -> None:
         if self.junit == "":
@@ -155,6 +158,23 @@ def with_interval() -> tuple[Figure, ...]:
 def headline(phase: str) -> Figure:
     """The figure a cell of ``phase`` is compared by (total tok/s, prompt tok/s)."""
     return next(f for f in FIGURES if f.headline and f.in_phase(phase))
+
+
+def listed() -> tuple[Figure, ...]:
+    return tuple(f for f in FIGURES if f.listed)
+
+
+def text(figure: Figure, value: Any) -> str:
+    """A value in a table: its decimals, thousands separated; — where there is none."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.{figure.digits}f}"
+    return str(value)
 
 
 def read(figure: Figure, value: Any) -> Any:

@@ -12,6 +12,8 @@ from pytest_llmspeed.figures import Figure, Gate
 from pytest_llmspeed.gate import baseline as baseline_file
 from pytest_llmspeed.gate.verdict import verdict
 from pytest_llmspeed.report.compare import headline
+from pytest_llmspeed.report.page import render_page
+from pytest_llmspeed.report.terminal import render
 from pytest_llmspeed.results import (
     CellId,
     CellRecord,
@@ -24,7 +26,9 @@ from pytest_llmspeed.results import (
     loads,
 )
 
-RUN = RunInfo("pytest-llmspeed", "2026-12-01T00:00:00+00:00", "sim:tiny")
+RUN = RunInfo(
+    "pytest-llmspeed", "2026-12-01T00:00:00+00:00", "sim:tiny", settings={"max_output": 128}
+)
 #: a cell's fields that are not figures: what it is, how it ended, its structure
 STRUCTURE = {
     "id", "status", "context_tokens", "reason", "samples", "replica_tok_s", "gate", "attempts",
@@ -123,7 +127,9 @@ def test_every_figure_round_trips_through_the_file_junit_and_the_baseline(phase,
 # -- a figure added to the list ------------------------------------------------------------
 
 MADE_UP = Figure("made_up_tok_s", "decode", "made-up tok/s", "tok/s", gate=Gate.FLOOR, ci=True)
-MADE_UP_COUNT = Figure("made_up_steps", "decode", "made-up steps", kind=int, optional=True)
+MADE_UP_COUNT = Figure(
+    "made_up_steps", "decode", "made-up steps", kind=int, optional=True, listed=True
+)
 
 
 @dataclass(frozen=True)
@@ -190,3 +196,27 @@ def test_an_added_floor_is_written_to_the_baseline_and_gated(added, tmp_path):
 def test_the_headline_figure_compare_reads_is_the_lists():
     record = full_record(Phase.DECODE)
     assert headline(record) == ("total_tok_s", record.total_tok_s)
+
+
+def test_a_listed_figure_is_in_the_terminal_with_v_and_on_the_page(added):
+    others = dataclasses.replace(added, id=CellId.decode(2048, 8), made_up_steps=None)
+    cells = [added, others]
+    lines = render(cells, 120, True, [])
+    more = lines.index("More figures")
+    assert lines[more + 1].split("\n") == [
+        "Cell             made-up steps",
+        "-------------  ---------------",
+        "decode[2K-c4]                7",
+    ]  # one row: the cell that has it; made_up_tok_s is not listed
+    assert "More figures" not in render(cells, 120, False, [])
+    html = render_page(Results(RUN, tuple(cells))).html
+    assert '<h3 id="more-figures">More figures</h3>' in html
+    assert "<tr><td>decode[2K-c4]</td><td>7</td></tr>" in html
+    assert "<th>made-up steps</th>" in html and "<th>made-up tok/s</th>" not in html
+
+
+def test_without_a_listed_figure_there_is_no_such_table():
+    record = full_record(Phase.DECODE)
+    assert figures.listed() == ()
+    assert "More figures" not in render([record], 120, True, [])
+    assert "more-figures" not in render_page(Results(RUN, (record,))).html

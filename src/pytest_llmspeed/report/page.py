@@ -19,7 +19,7 @@ from ..results import CellRecord, Outcome, Phase, Results, Status, order_context
 from .charts import Series, line_chart
 from .compare import Comparison, Verdict, change_matrix, fmt_change
 from .notes import by_kind, cell_flags, which
-from .terminal import fmt_ci_ms, fmt_ms, fmt_rate, fmt_tbt, pm
+from .terminal import fmt_ci_ms, fmt_ms, fmt_rate, fmt_tbt, further_figures, pm
 
 PREFILL_HINT = (
     "prompt tok/s by context length: the first request at each context, on a cold cache "
@@ -397,6 +397,7 @@ def render_page(results: Results, comparison: Comparison | None = None) -> Page:
     prefill = [c for c in cells if c.phase is Phase.PREFILL]
     where = run.metadata.get("hardware") or run.metadata.get("gpu") or run.engine or "a server"
     columns, matrix_rows = _matrix(decode)
+    further_header, further_rows = further_figures(cells)
     template = _environment().get_template("page.html.j2")
     html = template.render(
         tool=run.tool,
@@ -414,6 +415,8 @@ def render_page(results: Results, comparison: Comparison | None = None) -> Page:
         charts=[_markup(c) for c in _charts(results)],
         details_header=DETAILS_HEADER,
         details_rows=_details(cells),
+        further_header=further_header,
+        further_rows=further_rows,
         cell_notes=[
             {"heading": kind.heading, "cells": which(concerned)}
             for kind, concerned in by_kind(cells)
