@@ -7,12 +7,16 @@ reading and writing that file, and nothing imports pytest or the measurement cor
 History of the format (``schema`` key):
 
 - ``pytest-llmspeed/results/v1`` (0.1.0): ``{"schema", "run": {...}, "cells": [...]}``; a cell
-  is a flat object of figures keyed as in METRICS.md (``total_tok_s``, ``ttft_ms``, ...), its
-  ``status`` one of the words of :class:`Status`, the gate's outcome under ``baseline`` with
-  ``baseline_checks`` and ``attempts``. Later 0.x releases add keys (``notes`` on a cell,
-  ``metadata`` on the run, ``launch_command``, ``replica_tok_s`` on a decode cell measured over
-  several replicas); a reader keeps keys it does not know (``extra``) and writes them back.
-  A change of meaning of an existing key is a new major version (v2), and v1 stays readable.
+  is a flat object of figures keyed as in METRICS.md (``total_tok_s``, ``ttft_ms``, ...; the
+  list is ``figures.FIGURES``), its ``status`` one of the words of :class:`Status`, the
+  gate's outcome under ``baseline`` with ``baseline_checks`` and ``attempts``. Later 0.x
+  releases add keys (``notes`` on a cell, ``metadata`` on the run, ``launch_command``,
+  ``replica_tok_s`` on a decode cell measured over several replicas, ``improved`` on a check
+  that improved); a reader keeps keys it does not know (``extra``) and writes them back, and
+  leaves out a known key the file lacks (``CellRecord.absent``). The gate's verdicts are
+  data: a check read back keeps the verdict it stored (``Check.stored``), whatever rule this
+  version judges by. A change of meaning of an existing key is a new major version (v2), and
+  v1 stays readable.
 """
 
 from __future__ import annotations
@@ -659,8 +663,8 @@ class CellRecord:
     notes: tuple[str, ...] = ()
     #: keys of the file this version does not know, kept and written back
     extra: Mapping[str, Any] = field(default_factory=dict)
-    #: figures of its phase the file it was read from did not have (written by a version
-    #: before them): not written back
+    #: keys the file it was read from did not have (written by a version before them): a
+    #: figure of its phase, ``context_display``; not written back
     absent: frozenset[str] = frozenset()
 
     # -- what the cell is
@@ -736,7 +740,8 @@ class CellRecord:
         }
         if self.context_tokens is not None:
             out["context_tokens"] = self.context_tokens
-            out["context_display"] = self.context_display
+            if "context_display" not in self.absent:
+                out["context_display"] = self.context_display
         out["concurrency"] = self.concurrency
         out["status"] = self.status.value
         if self.reason is not None:
@@ -787,15 +792,16 @@ class CellRecord:
             if f.optional and data.get(f.key) is not None:
                 kwargs[f.key] = figures.read(f, data[f.key])
                 known.add(f.key)
+        absent = set()
+        if "context_tokens" in data and "context_display" not in data:
+            absent.add("context_display")
         if "samples" in data:
-            absent = set()
             for f in figures.of_phase(cid.phase, optional=False):
                 if f.key in data:
                     kwargs[f.key] = figures.read(f, data[f.key])
                 else:  # a file older than the figure: it stays absent when written back
                     absent.add(f.key)
                 known.add(f.key)
-            kwargs["absent"] = frozenset(absent)
             s = data["samples"]
             kwargs["samples"] = Samples(
                 tuple(s.get("ttft_ms", ())),
@@ -808,6 +814,7 @@ class CellRecord:
         if "baseline" in data:
             checks = tuple(Check.from_v1(str(cid), c) for c in data.get("baseline_checks", ()))
             kwargs["gate"] = GateVerdict(Outcome(data["baseline"]), checks)
+        kwargs["absent"] = frozenset(absent)
         kwargs["attempts"] = tuple(dict(a) for a in data.get("attempts", ()))
         kwargs["notes"] = tuple(str(n) for n in data.get("notes", ()))
         kwargs["extra"] = {k: v for k, v in data.items() if k not in known}

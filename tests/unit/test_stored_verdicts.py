@@ -97,3 +97,14 @@ def test_stored_files_keep_their_keys_through_load_and_dump(path):
             old.get("baseline_checks", ()), new.get("baseline_checks", ()), strict=True
         ):
             assert b == a
+
+
+def test_a_cell_without_its_display_label_is_written_back_without_it(tmp_path):
+    doc = json.loads(OLDER.read_text())
+    for cell in doc["cells"]:
+        del cell["context_display"]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    assert load(path).dumps() == path.read_text()
+    cell = load(path).cell("prefill[1K]")
+    assert cell is not None and cell.context_display == "1K"  # still known to the model
