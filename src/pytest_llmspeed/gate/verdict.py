@@ -25,7 +25,8 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..results import METRIC_NAMES, CellRecord, Check, GateVerdict, Outcome, Status
+from .. import figures
+from ..results import CellRecord, Check, GateVerdict, Outcome, Status
 from .baseline import Baseline, CellBaseline
 from .noise import Spread, reference_se, with_attempts
 
@@ -157,7 +158,7 @@ class Accounting:
         if self.spread_unknown:
             return SPREAD_UNKNOWN
         shown = ", ".join(
-            f"{METRIC_NAMES[m]} {s.sigma:.1%} ({s.dof} d.f.)"
+            f"{figures.by_key(m).label} {s.sigma:.1%} ({s.dof} d.f.)"
             for m, s in self.spread
             if s.sigma is not None
         )

@@ -24,6 +24,7 @@ from enum import Enum
 
 from tabulate import tabulate
 
+from .. import figures
 from ..results import CellRecord, Phase, Results, Status, order_contexts
 
 DEFAULT_TOLERANCE = 0.05
@@ -102,16 +103,17 @@ class Comparison:
 
 
 def headline(cell: CellRecord) -> tuple[str, float | None]:
-    if cell.phase is Phase.PREFILL:
-        return "prompt_tok_s", cell.prompt_tok_s if cell.measured else None
-    return "total_tok_s", cell.total_tok_s if cell.measured else None
+    """The figure a cell is compared by (:func:`.figures.headline` of its phase) and its
+    value (None when the cell was not measured)."""
+    f = figures.headline(cell.phase)
+    return f.key, getattr(cell, f.key) if cell.measured else None
 
 
 def relative_noise(cell: CellRecord) -> float | None:
     """The relative standard error of a cell's headline figure within its run, or None."""
     parts: list[float] = []
     metric, value = headline(cell)
-    ci = cell.total_tok_s_ci if cell.phase is Phase.DECODE else cell.prompt_tok_s_ci
+    ci = getattr(cell, figures.by_key(metric).ci_key, None)
     if ci is not None and value:
         # the figure's 95 % interval (batch means, which allow for autocorrelation): ±1.96 se
         parts.append(max(value - ci[0], ci[1] - value) / value / 1.96)

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from .. import figures
 from ..results import CellRecord, Outcome, Phase, Results, Status, order_contexts
 from .charts import Series, line_chart
 from .compare import Comparison, Verdict, change_matrix, fmt_change
 from .notes import by_kind, cell_flags, which
-from .terminal import fmt_ci_ms, fmt_ms, fmt_rate, fmt_tbt, pm
+from .terminal import fmt_ci_ms, fmt_ms, fmt_rate, fmt_tbt, further_figures, pm
 
 PREFILL_HINT = (
     "prompt tok/s by context length: the first request at each context, on a cold cache "
@@ -378,6 +379,8 @@ def _comparison(cmp: Comparison) -> dict[str, Any]:
     lines.append({"text": summary_line(cmp), "cls": ""})
     return {
         "old_label": cmp.old_label,
+        "decode_figure": figures.headline(Phase.DECODE).label,
+        "prefill_figure": figures.headline(Phase.PREFILL).label,
         "header": lines,
         "columns": header,
         "rows": [{"label": ctx, "cells": [cell(c) for c in cells]} for ctx, cells in rows],
@@ -394,6 +397,7 @@ def render_page(results: Results, comparison: Comparison | None = None) -> Page:
     prefill = [c for c in cells if c.phase is Phase.PREFILL]
     where = run.metadata.get("hardware") or run.metadata.get("gpu") or run.engine or "a server"
     columns, matrix_rows = _matrix(decode)
+    further_header, further_rows = further_figures(cells)
     template = _environment().get_template("page.html.j2")
     html = template.render(
         tool=run.tool,
@@ -411,6 +415,8 @@ def render_page(results: Results, comparison: Comparison | None = None) -> Page:
         charts=[_markup(c) for c in _charts(results)],
         details_header=DETAILS_HEADER,
         details_rows=_details(cells),
+        further_header=further_header,
+        further_rows=further_rows,
         cell_notes=[
             {"heading": kind.heading, "cells": which(concerned)}
             for kind, concerned in by_kind(cells)
