@@ -128,7 +128,7 @@ def _blocks(results: Results) -> list[dict[str, Any]]:
                 ("API", f"{run.api or s.get('api', '—')} ({prompt} prompts)"),
                 ("Decode test", "Fixed duration"),
                 ("Time per measurement", f"{s.get('duration_s', '?')} s"),
-                ("Max output", f"{s.get('max_output', '?'):,} tokens"),
+                ("Max output", _tokens(s.get("max_output"))),
                 (
                     "Prefill mode",
                     "Measured during decode warm-up"
@@ -437,3 +437,8 @@ def _markup(svg: str) -> Any:
     import markupsafe
 
     return markupsafe.Markup(svg)
+
+
+def _tokens(value: object) -> str:
+    """A token count for the header ("?" when the run did not record it)."""
+    return f"{value:,} tokens" if isinstance(value, int) else "? tokens"
