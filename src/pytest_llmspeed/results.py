@@ -600,6 +600,98 @@ _ID_KEYS = ("id", "phase", "context", "context_tokens", "context_display", "conc
 _GATE_KEYS = ("baseline", "baseline_checks", "attempts")
 
 
+# -- the server's own figures of a cell (core/server_figures.py reads them) --------------------
+
+
+@dataclass(frozen=True)
+class ServerFigures:
+    """What the server says happened in one cell's window. Every figure is ``None`` where
+    the server does not expose what it needs (``missing`` names those, for one note per run)
+    or where a counter went back (a restart inside the window: ``reset`` names those) — never
+    0 for "not known". Counts are the window's; means are per finished request (histograms)
+    or over time (gauges, trapezoids through the open, the polls and the close)."""
+
+    duration_s: float  # the span between the open and close reads
+    # speculative decoding
+    spec_drafts: int | None = None
+    spec_draft_tokens: int | None = None
+    spec_accepted_tokens: int | None = None
+    spec_accepted_per_position: tuple[int, ...] | None = None
+    acceptance_length: float | None = None  # 1 + accepted / drafts (SGLang: its gauge's mean)
+    acceptance_rate: float | None = None  # accepted / draft tokens
+    # engine steps
+    steps: int | None = None
+    steps_per_s: float | None = None
+    step_tokens: int | None = None  # tokens the steps computed: prefill + generated
+    tokens_per_step: float | None = None
+    generation_tokens: int | None = None
+    output_tokens_per_step: float | None = None  # generated tokens / steps
+    prompt_tokens: int | None = None
+    # scheduler
+    running_mean: float | None = None
+    running_max: float | None = None
+    waiting_mean: float | None = None
+    waiting_max: float | None = None
+    waiting_by_reason: tuple[tuple[str, float, float], ...] | None = None  # (reason, mean, max)
+    preemptions: int | None = None
+    requests: int | None = None  # requests that finished in the window
+    queue_time_mean_s: float | None = None
+    prefill_time_mean_s: float | None = None
+    decode_time_mean_s: float | None = None
+    # prefix cache, in prompt tokens
+    prefix_cache_queries: int | None = None
+    prefix_cache_hits: int | None = None
+    prefix_cache_hit_rate: float | None = None
+    prefix_cache_counter: str | None = None  # "by source" or "queries/hits": which was read
+    # KV cache
+    kv_usage_mean: float | None = None
+    kv_usage_max: float | None = None
+    # what is not known, and why
+    missing: tuple[str, ...] = ()  # figures the server does not expose
+    reset: tuple[str, ...] = ()  # figures whose counters went back inside the window
+
+    def to_dict(self) -> dict[str, object]:
+        """The known figures as plain JSON values (tuples as lists), and ``missing`` and
+        ``reset`` when not empty."""
+        out: dict[str, object] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None or value == ():
+                continue
+            if f.name == "waiting_by_reason":
+                value = [list(row) for row in value]
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ServerFigures:
+        """The figures as :meth:`to_dict` wrote them (keys this version does not know are
+        left out: a later version's server figures are not a reason to refuse a file)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key not in known:
+                continue
+            if key == "waiting_by_reason":
+                value = tuple((str(r), float(m), float(x)) for r, m, x in value)
+            elif isinstance(value, list):
+                value = tuple(value)
+            kwargs[key] = value
+        kwargs.setdefault("duration_s", 0.0)
+        return cls(**kwargs)
+
+    def scalars(self) -> list[tuple[str, float | int]]:
+        """The known figures that are single numbers, in field order (JUnit properties)."""
+        out: list[tuple[str, float | int]] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                out.append((f.name, value))
+        return out
+
+
 @dataclass(frozen=True)
 class CellRecord:
     """One cell of the matrix: what it is, its status, its figures (METRICS.md units)."""
@@ -657,6 +749,9 @@ class CellRecord:
     window_end: str | None = None  # with --llm-precision: "precision" (early) or "duration"
     #: total tok/s of each replica, when the server is several replicas (written when set)
     replica_tok_s: tuple[float, ...] | None = None
+    #: what the server's /metrics say of the cell's window (None: nothing exposed, or a file
+    #: written before them); written under "server"
+    server: ServerFigures | None = None
     # the gate
     gate: GateVerdict | None = None
     attempts: tuple[Mapping[str, float | None], ...] = ()
@@ -729,6 +824,8 @@ class CellRecord:
         scalars(f for f in figures.FIGURES if f.optional)
         for i, rate in enumerate(self.replica_tok_s or (), start=1):
             props.append((f"replica{i}_total_tok_s", rate))
+        if self.server is not None:
+            props += [(f"server_{name}", value) for name, value in self.server.scalars()]
         return props
 
     def to_v1(self) -> dict[str, Any]:
@@ -761,6 +858,8 @@ class CellRecord:
             value = getattr(self, key)
             if value is not None:
                 out[key] = figures.written(value)
+        if self.server is not None:
+            out["server"] = self.server.to_dict()
         if self.gate is not None:
             out["baseline"] = self.gate.outcome.value
             if self.gate.checks:
@@ -782,7 +881,9 @@ class CellRecord:
             "context_tokens": data.get("context_tokens"),
             "reason": data.get("reason"),
         }
-        known = set(_ID_KEYS) | set(_GATE_KEYS) | {"reason", "samples", "notes"}
+        known = set(_ID_KEYS) | set(_GATE_KEYS) | {"reason", "samples", "notes", "server"}
+        if isinstance(data.get("server"), Mapping):
+            kwargs["server"] = ServerFigures.from_dict(data["server"])
         for f in figures.with_interval():
             value = data.get(f.ci_key)
             if value is not None:
