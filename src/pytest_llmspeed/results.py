@@ -546,6 +546,9 @@ class GateVerdict:
 
     outcome: Outcome
     checks: tuple[Check, ...] = ()
+    #: why the cell changed against the baseline, from both sides' server figures
+    #: (gate/explain.py), for a regression or an improvement; written as ``baseline_why``
+    why: str = ""
 
     @property
     def regressions(self) -> tuple[Check, ...]:
@@ -597,7 +600,7 @@ def _written_when_known() -> list[str]:
 
 
 _ID_KEYS = ("id", "phase", "context", "context_tokens", "context_display", "concurrency", "status")
-_GATE_KEYS = ("baseline", "baseline_checks", "attempts")
+_GATE_KEYS = ("baseline", "baseline_checks", "baseline_why", "attempts")
 
 
 # -- the server's own figures of a cell (core/server_figures.py reads them) --------------------
@@ -864,6 +867,8 @@ class CellRecord:
             out["baseline"] = self.gate.outcome.value
             if self.gate.checks:
                 out["baseline_checks"] = [c.to_v1() for c in self.gate.checks]
+            if self.gate.why:
+                out["baseline_why"] = self.gate.why
         if self.attempts:
             out["attempts"] = [dict(a) for a in self.attempts]
         if self.notes:
@@ -914,7 +919,8 @@ class CellRecord:
                 known.add("replica_tok_s")
         if "baseline" in data:
             checks = tuple(Check.from_v1(str(cid), c) for c in data.get("baseline_checks", ()))
-            kwargs["gate"] = GateVerdict(Outcome(data["baseline"]), checks)
+            why = str(data.get("baseline_why", ""))
+            kwargs["gate"] = GateVerdict(Outcome(data["baseline"]), checks, why)
         kwargs["absent"] = frozenset(absent)
         kwargs["attempts"] = tuple(dict(a) for a in data.get("attempts", ()))
         kwargs["notes"] = tuple(str(n) for n in data.get("notes", ()))

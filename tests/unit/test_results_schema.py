@@ -61,7 +61,7 @@ JSON_TYPE = {
 NOT_FIGURES = {
     "id", "phase", "context", "context_tokens", "context_display", "concurrency", "status",
     "reason", "samples", "replica_tok_s", "notes", "baseline", "baseline_checks", "attempts",
-    "server",
+    "server", "baseline_why",
 }  # fmt: skip
 
 

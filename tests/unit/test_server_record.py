@@ -73,3 +73,68 @@ def test_figures_of_a_later_version_are_left_out_not_refused():
     cell["server"] = {"duration_s": 8.0, "steps_per_s": 41.0, "a_figure_from_the_future": 1}
     got = next(c for c in loads(json.dumps(doc)).cells if str(c.id) == cell["id"])
     assert got.server == ServerFigures(duration_s=8.0, steps_per_s=41.0)
+
+
+# -- the baseline keeps the server figures; the gate says why a cell changed ---------------
+
+
+def decode_record(server, total):
+    from pytest_llmspeed.results import CellId, CellRecord, Status
+
+    return CellRecord(
+        CellId.decode(1024, 8), Status.VALID, context_tokens=1024, total_tok_s=total,
+        per_request_tok_s=total / 8, server=server,
+    )  # fmt: skip
+
+
+def test_the_baseline_keeps_the_mean_of_its_runs_server_figures(tmp_path):
+    from pytest_llmspeed.gate.baseline import load as load_baseline
+    from pytest_llmspeed.gate.baseline import render, render_added
+
+    plain = real_window()
+    text, _ = render({"model": "tiny"}, [decode_record(plain, 2000.0)], date="d1")
+    assert '[cells."decode[1K-c8]".server]' in text and "preemptions = 5" in text
+    path = tmp_path / "base.toml"
+    path.write_text(text)
+    entry = load_baseline(path).cells["decode[1K-c8]"]
+    assert entry.server_runs == 1 and entry.server is not None
+    assert entry.server.preemptions == 5
+    assert entry.server.kv_usage_max == float(f"{plain.kv_usage_max:.5g}")
+    doubled = dataclasses.replace(plain, preemptions=15)
+    added, _ = render_added(load_baseline(path), {}, [decode_record(doubled, 2000.0)], "d2")
+    path.write_text(added)
+    entry = load_baseline(path).cells["decode[1K-c8]"]
+    assert entry.server_runs == 2 and entry.server.preemptions == 10  # the mean of 5 and 15
+
+
+def test_a_regression_against_the_baseline_says_why(tmp_path):
+    from pytest_llmspeed.core.server_figures import GAUGE_FAMILIES, snapshot, window_figures
+    from pytest_llmspeed.gate.baseline import load as load_baseline
+    from pytest_llmspeed.gate.baseline import render
+    from pytest_llmspeed.gate.verdict import gated, verdict
+    from pytest_llmspeed.results import Outcome
+
+    def plain_window():
+        def read(name, t, *families):
+            text = (METRICS / f"vllm-0.32-cpu-{name}.txt").read_text()
+            return snapshot(text, t, *families)
+
+        return window_figures(
+            read("before", 0.0), read("after", 3.0), [read("during", 1.0, GAUGE_FAMILIES)]
+        )
+
+    text, _ = render({"model": "tiny"}, [decode_record(plain_window(), 2000.0)], date="d1")
+    (tmp_path / "base.toml").write_text(text)
+    entry = load_baseline(tmp_path / "base.toml").cells["decode[1K-c8]"]
+    slower = decode_record(real_window(), 1200.0)  # --max-num-seqs 4, a small KV cache
+    result = verdict(entry, [slower])
+    assert result.outcome is Outcome.REGRESSION
+    assert result.why.startswith("decode[1K-c8] −40.0%: ")
+    assert "running 4.00 → 1.50" in result.why and "preemptions 0 → 5" in result.why
+    record = gated(slower, result, [slower])
+    assert record.reason is not None and record.reason.endswith(f"; why: {result.why}")
+    assert record.to_v1()["baseline_why"] == result.why
+    passed = verdict(entry, [decode_record(real_window(), 2000.0)])
+    assert passed.outcome is Outcome.PASS and passed.why == ""
+    without = verdict(entry, [decode_record(None, 1200.0)])  # this run has no server figures
+    assert without.outcome is Outcome.REGRESSION and without.why == ""

@@ -27,7 +27,7 @@ from typing import Any
 
 from .. import figures
 from ..figures import Gate
-from ..results import CellId, CellRecord, Status
+from ..results import CellId, CellRecord, ServerFigures, Status
 from .noise import UNKNOWN, Pair, Spread, pooled_spread
 
 #: run settings that make two runs comparable
@@ -93,6 +93,9 @@ class CellBaseline:
     ungated: dict[str, FigureRuns] = field(default_factory=dict)
     #: the cell's own tolerance as written (None: the default)
     own_tolerance: float | None = None
+    #: the server's own figures, the mean over ``server_runs`` runs (why a cell changed)
+    server: ServerFigures | None = None
+    server_runs: int = 0
 
     def figure_runs(self, metric: str) -> FigureRuns:
         """The runs behind a gated figure's reference (one run when the file gives no runs)."""
@@ -255,6 +258,8 @@ def _cell(
 ) -> CellBaseline:
     limits: dict[str, float] = {}
     intervals: dict[str, Pair] = {}
+    server: ServerFigures | None = None
+    server_runs = 0
     values: dict[str, tuple[float, ...]] = {}
     runs_ci: dict[str, tuple[Pair | None, ...]] = {}
     lines: dict[str, int] = {}
@@ -263,6 +268,11 @@ def _cell(
         line = _line_of(text, key, header)
         if key == "tolerance":
             own = _tolerance(value, err(line, ""))
+            continue
+        if key == "server" and isinstance(value, Mapping):  # [cells."ID".server]
+            numbers = {k: v for k, v in value.items() if isinstance(v, int | float)}
+            server_runs = int(numbers.pop("runs", 1))
+            server = ServerFigures.from_dict(numbers)
             continue
         parts = _split(key)
         if parts is None:
@@ -329,6 +339,8 @@ def _cell(
         runs,
         ungated=_commented(text, header, limits),
         own_tolerance=own,
+        server=server,
+        server_runs=server_runs,
     )
 
 
@@ -591,7 +603,7 @@ _RUNS_HEADER = [
 def _render(
     run: Mapping[str, Any],
     tolerance: float,
-    cells: Sequence[tuple[str, _Figures, float | None]],
+    cells: Sequence[tuple[str, _Figures, float | None, _Server]],
     runs: int,
 ) -> str:
     several = runs > 1
@@ -617,14 +629,52 @@ def _render(
     ]
     if several:
         lines += _RUNS_HEADER
-    for cid, written, own in cells:
+    for cid, written, own, server in cells:
         lines += ["", f'[cells."{cid}"]']
         for metric, figure_runs, gated in written:
             nd = figures.by_key(metric).digits
             lines += _figure(metric, figure_runs, nd, "" if gated else "# ")
         if own is not None:
             lines.append(f"tolerance = {own!r}")
+        if server is not None and server[0].scalars():
+            figs, count = server
+            lines += ["", f'[cells."{cid}".server]  # {_SERVER_COMMENT}', f"runs = {count}"]
+            lines += [f"{name} = {_significant(v)!r}" for name, v in figs.scalars()]
     return "\n".join(lines) + "\n"
+
+
+#: a cell's server figures as written: (the mean over runs, how many runs)
+_Server = tuple[ServerFigures, int] | None
+_SERVER_COMMENT = "the server's own figures, mean of the runs: why a cell changed (not gated)"
+
+
+def _significant(value: float | int) -> float | int:
+    """A server figure to 5 significant digits (counts stay integers)."""
+    if isinstance(value, int) or value == 0:
+        return value
+    return float(f"{value:.5g}")
+
+
+def _server_of(rec: CellRecord) -> _Server:
+    return (rec.server, 1) if rec.server is not None else None
+
+
+def _mean_server(entry: CellBaseline, rec: CellRecord | None) -> _Server:
+    """The entry's server figures with this run's added to their mean (counts too: a mean
+    count per window)."""
+    old = (entry.server, entry.server_runs) if entry.server is not None else None
+    new = rec.server if rec is not None else None
+    if new is None:
+        return old
+    if old is None:
+        return (new, 1)
+    figs, k = old
+    merged: dict[str, float] = {}
+    before = dict(figs.scalars())
+    for name, value in new.scalars():
+        prior = before.get(name)
+        merged[name] = value if prior is None else (prior * k + value) / (k + 1)
+    return (ServerFigures.from_dict(merged), k + 1)
 
 
 def render(
@@ -636,7 +686,9 @@ def render(
     """The baseline file's text for the valid cells of one run's ``records``, and their
     number."""
     cells = [
-        (str(rec.id), _record_figures(rec), None) for rec in records if rec.status is Status.VALID
+        (str(rec.id), _record_figures(rec), None, _server_of(rec))
+        for rec in records
+        if rec.status is Status.VALID
     ]
     return _render({"date": date, **run}, tolerance, cells, 1), len(cells)
 
@@ -648,7 +700,7 @@ def render_added(
     cells written. The [run] table keeps the first run's settings and counts the runs and
     their dates."""
     valid = {str(r.id): r for r in records if r.status is Status.VALID}
-    cells: list[tuple[str, _Figures, float | None]] = []
+    cells: list[tuple[str, _Figures, float | None, _Server]] = []
     for cid, entry in baseline.cells.items():
         rec = valid.pop(cid, None)
         new = {m: r for m, r, _ in _record_figures(rec)} if rec is not None else {}
@@ -664,9 +716,9 @@ def render_added(
             if metric in new:
                 runs = runs.add(new[metric].values[0], new[metric].intervals[0])
             found.append((metric, runs, gated))
-        cells.append((cid, found, entry.own_tolerance))
+        cells.append((cid, found, entry.own_tolerance, _mean_server(entry, rec)))
     for cid, rec in valid.items():
-        cells.append((cid, _record_figures(rec), None))
+        cells.append((cid, _record_figures(rec), None, _server_of(rec)))
     count = sum(1 for r in records if r.status is Status.VALID)
     info = dict(baseline.run)
     dates = info.pop("dates", None)
