@@ -104,7 +104,8 @@ def test_the_baseline_keeps_the_mean_of_its_runs_server_figures(tmp_path):
     added, _ = render_added(load_baseline(path), {}, [decode_record(doubled, 2000.0)], "d2")
     path.write_text(added)
     entry = load_baseline(path).cells["decode[1K-c8]"]
-    assert entry.server_runs == 2 and entry.server.preemptions == 10  # the mean of 5 and 15
+    assert entry.server_runs == 2 and entry.server is not None
+    assert entry.server.preemptions == 10  # the mean of 5 and 15
 
 
 def test_a_regression_against_the_baseline_says_why(tmp_path):
@@ -138,3 +139,43 @@ def test_a_regression_against_the_baseline_says_why(tmp_path):
     assert passed.outcome is Outcome.PASS and passed.why == ""
     without = verdict(entry, [decode_record(None, 1200.0)])  # this run has no server figures
     assert without.outcome is Outcome.REGRESSION and without.why == ""
+
+
+def test_the_terminal_shows_the_server_figures_with_v_and_says_once_what_is_not_exposed():
+    from pytest_llmspeed.report.terminal import render
+
+    results, cid = with_server(load(V1))
+    cells = list(results.cells)
+    quiet = render(cells, 200, False, [])
+    assert "The server's own figures (its /metrics over each window)" not in quiet
+    shown = render(cells, 200, True, [])
+    at = shown.index("The server's own figures (its /metrics over each window)")
+    table = shown[at + 1].splitlines()
+    assert table[0].split()[:4] == ["Cell", "Steps/s", "Out", "tok/step"]
+    row = next(line for line in table if line.startswith(cid))
+    assert " 5 " in row  # 5 preemptions
+    figures = real_window()
+    assert figures.missing  # the CPU build has no spec decoding: said once, not per cell
+    said = [line for line in shown if line.startswith("note: the server does not expose:")]
+    assert said == [f"note: the server does not expose: {', '.join(sorted(figures.missing))} "
+                    "(absent from the cells)"]  # fmt: skip
+
+
+def test_the_page_shows_the_server_figures_and_why_cells_changed():
+    from pytest_llmspeed.report.compare import compare
+    from pytest_llmspeed.report.page import render_page
+
+    results, cid = with_server(load(V1))
+    html = render_page(results).html
+    assert 'id="server-figures"' in html and f"<td>{cid}</td>" in html
+    assert "the server does not expose:" in html
+    old = load(V1)
+    plain = dataclasses.replace(real_window(), preemptions=0)
+    old_cells = tuple(
+        dataclasses.replace(c, server=plain) if str(c.id) == cid else c for c in old.cells
+    )
+    cmp = compare(dataclasses.replace(old, cells=old_cells), results)
+    page = render_page(results, cmp).html
+    assert 'id="why"' in page
+    assert "preemptions 0 → 5" in page  # a finding: the figure held, the server preempted
+    assert 'id="why"' not in render_page(results, compare(load(V1), load(V1))).html

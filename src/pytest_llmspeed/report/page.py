@@ -19,6 +19,8 @@ from ..results import CellRecord, Outcome, Phase, Results, Status, order_context
 from .charts import Series, line_chart
 from .compare import Comparison, Verdict, change_matrix, fmt_change
 from .notes import by_kind, cell_flags, which
+from .server import not_exposed
+from .server import table as server_table
 from .terminal import fmt_ci_ms, fmt_ms, fmt_rate, fmt_tbt, further_figures, pm
 
 PREFILL_HINT = (
@@ -377,7 +379,13 @@ def _comparison(cmp: Comparison) -> dict[str, Any]:
     from .compare import summary_line
 
     lines.append({"text": summary_line(cmp), "cls": ""})
+    why = [
+        {"cls": cls.get(c.verdict, ""), "text": c.explanation} for c in cmp.cells if c.explanation
+    ]
+    if cmp.unexplained and any(c.verdict in cls for c in cmp.cells):
+        lines.append({"text": cmp.unexplained, "cls": "sub"})
     return {
+        "why": why,
         "old_label": cmp.old_label,
         "decode_figure": figures.headline(Phase.DECODE).label,
         "prefill_figure": figures.headline(Phase.PREFILL).label,
@@ -398,6 +406,7 @@ def render_page(results: Results, comparison: Comparison | None = None) -> Page:
     where = run.metadata.get("hardware") or run.metadata.get("gpu") or run.engine or "a server"
     columns, matrix_rows = _matrix(decode)
     further_header, further_rows = further_figures(cells)
+    server_header, server_rows = server_table(cells)
     template = _environment().get_template("page.html.j2")
     html = template.render(
         tool=run.tool,
@@ -417,6 +426,9 @@ def render_page(results: Results, comparison: Comparison | None = None) -> Page:
         details_rows=_details(cells),
         further_header=further_header,
         further_rows=further_rows,
+        server_header=server_header,
+        server_rows=server_rows,
+        server_missing=not_exposed(cells),
         cell_notes=[
             {"heading": kind.heading, "cells": which(concerned)}
             for kind, concerned in by_kind(cells)

@@ -10,6 +10,8 @@ from .. import figures
 from ..gate.verdict import Accounting
 from ..results import CellRecord, Phase, Status, order_contexts
 from .notes import note_lines
+from .server import not_exposed
+from .server import table as server_table
 
 _COMPACT_MARK = {
     Status.VALID: "",
@@ -228,6 +230,21 @@ def render(cells: list[CellRecord], width: int, verbose: bool, notes: list[str])
                 colalign=("left",) + ("right",) * (len(header) - 1),
             )
             lines += ["", "More figures", table]
+        header, rows = server_table(cells)
+        if rows:
+            lines += ["", "The server's own figures (its /metrics over each window)"]
+            lines.append(
+                tabulate(
+                    rows,
+                    headers=header,
+                    tablefmt="simple",
+                    disable_numparse=True,
+                    colalign=("left",) + ("right",) * (len(header) - 1),
+                )
+            )
+    missing = not_exposed(cells)
+    if missing:
+        lines.append(f"note: {missing}")
     lines += [f"note: {n}" for n in notes]
     return lines
 
