@@ -179,3 +179,21 @@ def test_the_page_shows_the_server_figures_and_why_cells_changed():
     assert 'id="why"' in page
     assert "preemptions 0 → 5" in page  # a finding: the figure held, the server preempted
     assert 'id="why"' not in render_page(results, compare(load(V1), load(V1))).html
+
+
+def test_the_job_summary_says_why_a_cell_regressed():
+    from pytest_llmspeed.report.markdown import summary
+    from pytest_llmspeed.results import GateVerdict
+
+    results = load(V1)
+    regressed = next(c for c in results.cells if c.gate and c.gate.regressions)
+    why = "decode[1K-c8] −40.0%: running 4.00 → 1.50 (−62.5%); preemptions 0 → 5"
+    cells = [
+        dataclasses.replace(c, gate=GateVerdict(c.gate.outcome, c.gate.checks, why))
+        if c is regressed and c.gate
+        else c
+        for c in results.cells
+    ]
+    md = summary("t", cells, [])
+    assert f"**Why** (the server's own figures against the baseline's)\n\n- {why}" in md
+    assert "**Why**" not in summary("t", list(results.cells), [])
