@@ -305,7 +305,8 @@ class DecodeResult:
     ended_precise: bool = False  # the window ended early, its interval narrow enough
     #: the server's figures over the window (``/metrics`` at its open, at its close and at the
     #: 1 Hz polls between; several replicas combined); None when the server has no /metrics,
-    #: none of the figures' series, or the window never opened
+    #: none of the figures' series, or the window did not run its course (never opened, or
+    #: aborted: no close read)
     server: ServerFigures | None = None
 
     @property
