@@ -26,6 +26,7 @@ from .probe import (
     ServerInfo,
     engine_of,
     kv_capacity_from_metrics,
+    metrics_text,
     read_metrics,
     snapshot,
 )
@@ -51,6 +52,10 @@ class MetricsSource:
             return await read_metrics(self.conn, families, self.path)
         except LLMSpeedError:
             return None
+
+    async def text(self) -> str | None:
+        """The metrics text, unparsed, or None: no answer, or not 200."""
+        return await metrics_text(self.conn, self.path)
 
 
 def metrics_source(url: str, session_of: Connection) -> MetricsSource:
@@ -130,6 +135,11 @@ class ReplicaSet:
     async def samples(self, families: frozenset[str] | None = None) -> list[Samples | None]:
         """Every replica's /metrics at once (the counter is read over the same moment)."""
         return list(await asyncio.gather(*(s.read(families) for s in self.sources)))
+
+    async def texts(self) -> list[str | None]:
+        """Every replica's /metrics text at once, unparsed (a decode window's reads: parsed
+        after the window, by ``core/protocol.py``)."""
+        return list(await asyncio.gather(*(s.text() for s in self.sources)))
 
     async def snapshot(self) -> MetricsSnapshot | None:
         """The watched gauges and counters summed over the replicas; None when a replica's
