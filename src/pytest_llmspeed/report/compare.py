@@ -179,14 +179,13 @@ def _unexplained(old: Results, new: Results) -> str | None:
 
     if has(old) and has(new):
         return None
-    which = (
-        "neither run has"
-        if not (has(old) or has(new))
-        else ("the old run has" if not has(old) else "the new run has")
-    )
+    if not (has(old) or has(new)):
+        which = "neither run has server figures"
+    else:
+        which = f"the {'old' if not has(old) else 'new'} run has no server figures"
     return (
-        f"{which} no server figures (a results file written before them, or a server without "
-        "/metrics): the changes are not explained"
+        f"{which} (a results file written before them, or a server without /metrics): the "
+        "changes are not explained"
     )
 
 
