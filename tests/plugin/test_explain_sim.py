@@ -15,8 +15,10 @@ pytestmark = pytest.mark.slow
 ARGS = (
     "--llm-contexts=1K",
     "--llm-concurrency=4",
-    "--llm-duration=3",
-    "--llm-max-output=512",
+    # long outputs, few restarts inside the window: the prefill of a restarted request is work
+    # the decode factors do not count (the residual; 1.04 % with 512-token outputs)
+    "--llm-duration=4",
+    "--llm-max-output=2048",
     "-m",
     "decode",
     "-p",
@@ -31,7 +33,7 @@ def run(pytester, name, options="", *extra, speed=4):
     return load(pytester.path / name)
 
 
-def explained(old, new):
+def explained(old, new, decode_only=True):
     """(comparison cell, explanation) of the decode cell of two runs."""
     (change,) = [c for c in compare(old, new).cells if c.concurrency is not None]
     a, b = (next(c for c in r.cells if c.phase is Phase.DECODE) for r in (old, new))
@@ -43,8 +45,8 @@ def explained(old, new):
     assert isinstance(found, Explanation) and found.decomposition is not None
     parts = sum(p.change for p in found.decomposition.parts if p.key != "residual")
     measured = math.log(b.total_tok_s / a.total_tok_s)
-    # the server's factors account for the client's measured change within 1 %
-    assert abs(parts - measured) < 0.01, (found.line(), parts, measured)
+    if decode_only:  # the server's factors account for the client's change within 1 %
+        assert abs(parts - measured) < 0.01, (found.line(), parts, measured)
     return change, found
 
 
@@ -72,9 +74,20 @@ def test_the_factor_a_run_slowed_is_named_first(pytester, default, options, spee
 
 
 def test_a_kv_cache_that_preempts_is_a_finding(pytester, default):
-    # room for about 3 of the 4 requests' contexts as they grow: the newest is preempted
-    # (--llm-kv-capacity lets the plugin run a cell the server's reported size would skip)
-    preempting = run(pytester, "preempt.json", "&kv_preempt=4096", "--llm-kv-capacity=100000")
-    change, found = explained(default, preempting)
+    # 6,144 tokens of KV cache for 4 requests that grow to 1K + 2K each (their 1K prefix
+    # shared): the newest is preempted as they grow (--llm-kv-capacity lets the plugin run a
+    # cell the server's reported size would skip; max_model_len must fit the cache)
+    preempting = run(
+        pytester,
+        "preempt.json",
+        "&kv_preempt=6144&max_model_len=4096",
+        "--llm-kv-capacity=100000",
+    )
+    # a preempted request's prompt and output are computed again inside the window: prefill
+    # work the decode factors do not count, shown as the residual, not hidden
+    change, found = explained(default, preempting, decode_only=False)
     assert any(f.text.startswith("preemptions 0 → ") for f in found.findings), found.line()
+    assert found.decomposition is not None
+    residual = found.decomposition.part("residual")
+    assert residual.moved and residual.change > 0, found.line()
     assert "preemptions 0 → " in change.explanation
