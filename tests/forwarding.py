@@ -22,7 +22,14 @@ def forwarding_server(handler: Handler) -> Iterator[str]:
     started = threading.Event()
 
     async def main() -> None:
-        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=300))
+        # A new upstream connection for every request: a server may close a kept-alive one
+        # after answering (uvicorn does after an HTTP 500 from an exception, as transformers
+        # serve's /v1/models offline), and a request sent on it then fails with a reset the
+        # server never saw, which the proxy would pass on as the server's failure.
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(force_close=True),
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=300),
+        )
 
         async def route(request: web.Request) -> web.StreamResponse:
             return await handler(request, session)

@@ -7,16 +7,21 @@ reading and writing that file, and nothing imports pytest or the measurement cor
 History of the format (``schema`` key):
 
 - ``pytest-llmspeed/results/v1`` (0.1.0): ``{"schema", "run": {...}, "cells": [...]}``; a cell
-  is a flat object of figures keyed as in METRICS.md (``total_tok_s``, ``ttft_ms``, ...), its
-  ``status`` one of the words of :class:`Status`, the gate's outcome under ``baseline`` with
-  ``baseline_checks`` and ``attempts``. Later 0.x releases add keys (``notes`` on a cell,
-  ``metadata`` on the run, ``launch_command``, ``replica_tok_s`` on a decode cell measured over
-  several replicas); a reader keeps keys it does not know (``extra``) and writes them back.
-  A change of meaning of an existing key is a new major version (v2), and v1 stays readable.
+  is a flat object of figures keyed as in METRICS.md (``total_tok_s``, ``ttft_ms``, ...; the
+  list is ``figures.FIGURES``), its ``status`` one of the words of :class:`Status`, the
+  gate's outcome under ``baseline`` with ``baseline_checks`` and ``attempts``. Later 0.x
+  releases add keys (``notes`` on a cell, ``metadata`` on the run, ``launch_command``,
+  ``replica_tok_s`` on a decode cell measured over several replicas, ``improved`` on a check
+  that improved); a reader keeps keys it does not know (``extra``) and writes them back, and
+  leaves out a known key the file lacks (``CellRecord.absent``). The gate's verdicts are
+  data: a check read back keeps the verdict it stored (``Check.stored``), whatever rule this
+  version judges by. A change of meaning of an existing key is a new major version (v2), and
+  v1 stays readable.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -28,6 +33,9 @@ from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any
+
+from . import figures
+from .figures import Gate
 
 SCHEMA = "pytest-llmspeed/results/v1"
 _SCHEMA_RE = re.compile(r"^pytest-llmspeed/results/v(\d+)$")
@@ -192,16 +200,12 @@ class CellId:
 
 # -- the gate's verdict ------------------------------------------------------------------------
 
-#: floors (higher is better) and ceilings (lower is better) a baseline cell may carry
-FLOORS = ("total_tok_s", "per_request_tok_s", "prompt_tok_s")
-CEILINGS = ("ttft_ms", "tbt_ms")
-METRIC_NAMES = {
-    "total_tok_s": "total tok/s",
-    "per_request_tok_s": "per-request tok/s",
-    "prompt_tok_s": "prompt tok/s",
-    "ttft_ms": "TTFT ms",
-    "tbt_ms": "time between tokens ms",
-}
+#: floors (higher is better) and ceilings (lower is better) a baseline cell may carry, and
+#: their words: read from :data:`~pytest_llmspeed.figures.FIGURES` (kept for readers of 0.x;
+#: the code calls :mod:`~pytest_llmspeed.figures`' lookups, which see a figure added later)
+FLOORS = tuple(f.key for f in figures.floors())
+CEILINGS = tuple(f.key for f in figures.ceilings())
+METRIC_NAMES = {f.key: f.label for f in figures.gated()}
 
 
 def _minus(text: str) -> str:
@@ -242,7 +246,10 @@ class Check:
     an attempt's (the between-start spread, and the window's own ``w_X`` from its interval).
     The mean of n attempts has ``(spread² + mean w²) / n`` when each ran on a fresh start of
     the server (``fresh_starts``), ``spread² + mean w² / n`` when they share one. Without
-    intervals or spread the noise is 0 and the rule is the flat one: past the limit."""
+    intervals or spread the noise is 0 and the rule is the flat one: past the limit.
+
+    A check read from a results file keeps the verdict the file stored (``stored``): it is
+    never judged again with this version's rule, and is written back as it was read."""
 
     cell: str
     metric: str
@@ -259,10 +266,13 @@ class Check:
     reference_runs: int = 1  # runs the reference is the mean of
     quantile: float = Z99  # one-sided 99 %: Student's t with spread_dof when spread is known
     fresh_starts: bool = False  # each re-measurement ran on a fresh start of the server
+    #: the check as a results file wrote it (its verdict, noisy, improved are read from it);
+    #: None: judged here, by this version's rule
+    stored: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def is_floor(self) -> bool:
-        return self.metric in FLOORS
+        return figures.gate_of(self.metric) is Gate.FLOOR
 
     @property
     def limit(self) -> float:
@@ -370,7 +380,10 @@ class Check:
         """Confirmed. Attempts sharing one start: every attempt misses, and so does their
         mean. On fresh starts: the mean of all the attempts misses, with the fresh-start
         variance (a first attempt past the limit took every confirmation, none stopped by one
-        that passes: each start is a sample of the noise that matters, docs/gate.md)."""
+        that passes: each start is a sample of the noise that matters, docs/gate.md). A check
+        read from a file: its stored verdict."""
+        if self.stored is not None:
+            return self.stored.get("verdict") == "regressed"
         if self.fresh_starts:
             return self.mean_misses()
         return all(self.attempt_misses(i) for i in range(len(self.values))) and (self.mean_misses())
@@ -378,12 +391,16 @@ class Check:
     @property
     def noisy(self) -> bool:
         """Past the limit, but within the noise: too noisy to tell (not a failure)."""
+        if self.stored is not None:
+            return bool(self.stored.get("noisy", False))
         return self.past_limit() and not self.regressed
 
     @property
     def improved(self) -> bool:
         """Better than the reference by more than the tolerance, beyond the noise (+5.0 %
         at 5 % is not: the float of 105/100 − 1 is a hair above 0.05)."""
+        if self.stored is not None:
+            return bool(self.stored.get("improved", False))
         margin = self.margin(self.value, self.variance())
         better = self.change * self.reference
         return better > (self.tolerance + 1e-9) * self.reference and better > margin
@@ -425,7 +442,7 @@ class Check:
         return ", beyond both intervals" if self.uses_intervals else ""
 
     def message(self) -> str:
-        name = METRIC_NAMES[self.metric]
+        name = figures.by_key(self.metric).label
         sign = "−" if self.is_floor else "+"
         cmp, word = ("<", "floor") if self.is_floor else (">", "ceiling")
         attempts = ""
@@ -441,7 +458,7 @@ class Check:
         )
 
     def noisy_message(self) -> str:
-        name = METRIC_NAMES[self.metric]
+        name = figures.by_key(self.metric).label
         delta = _minus(f"{self.value / self.reference - 1:+.1%}")
         if self.spread_known:
             within = (
@@ -466,6 +483,9 @@ class Check:
         )
 
     def to_v1(self) -> dict[str, Any]:
+        """The check as the v1 file writes it; a check read from a file, as it was read."""
+        if self.stored is not None:
+            return copy.deepcopy(dict(self.stored))
         out: dict[str, Any] = {
             "metric": self.metric,
             "reference": self.reference,
@@ -490,13 +510,15 @@ class Check:
             out["reference_runs"] = self.reference_runs
         if self.fresh_starts:
             out["fresh_starts"] = True
+        if self.improved and not self.regressed:
+            out["improved"] = True
         return out
 
     @classmethod
     def from_v1(cls, cell: str, data: Mapping[str, Any]) -> Check:
         reference = float(data["reference"])
         limit = float(data["limit"])
-        floor = data["metric"] in FLOORS
+        floor = figures.gate_of(str(data["metric"])) is Gate.FLOOR
         tolerance = round((1 - limit / reference) if floor else (limit / reference - 1), 4)
         ref_ci = data.get("reference_ci")
         spread = data.get("spread")
@@ -514,6 +536,7 @@ class Check:
             reference_runs=int(data.get("reference_runs", 1)),
             quantile=float(data.get("quantile", Z99)),
             fresh_starts=bool(data.get("fresh_starts", False)),
+            stored=copy.deepcopy(dict(data)),
         )
 
 
@@ -523,6 +546,9 @@ class GateVerdict:
 
     outcome: Outcome
     checks: tuple[Check, ...] = ()
+    #: why the cell changed against the baseline, from both sides' server figures
+    #: (gate/explain.py), for a regression or an improvement; written as ``baseline_why``
+    why: str = ""
 
     @property
     def regressions(self) -> tuple[Check, ...]:
@@ -560,36 +586,113 @@ class Samples:
     per_request_tok_s: tuple[float, ...] = ()
 
 
-#: figures attached to JUnit test cases (scalars only), in this order
-PROPERTY_KEYS = (
-    "phase", "context", "context_tokens", "concurrency", "status", "reason",
-    "prompt_tok_s", "total_tok_s", "per_request_tok_s", "ttft_ms", "ttft_p90_ms", "ttft_p99_ms",
-    "tbt_ms", "tbt_p90_ms", "tbt_p99_ms", "avg_active", "completed", "output_tokens",
-    "measured_s", "requests", "errors", "early_stops", "tokens", "queued",
-    "effective_concurrency", "stability_cv",
-    "total_tok_s_ci_low", "total_tok_s_ci_high", "per_request_tok_s_ci_low",
-    "per_request_tok_s_ci_high", "ttft_ms_ci_low", "ttft_ms_ci_high", "tbt_ms_ci_low",
-    "tbt_ms_ci_high", "prompt_tok_s_ci_low", "prompt_tok_s_ci_high", "precision",
-    "window_end", "drift", "little_residual",
-)  # fmt: skip
+#: the identity of a cell among its JUnit properties, before its figures
+_ID_PROPERTIES = ("phase", "context", "context_tokens", "concurrency", "status", "reason")
 
-# v1 key order of a measured cell (the fields a phase writes even when None)
-_PREFILL_KEYS = ("prompt_tok_s", "ttft_ms", "completed", "max_tokens", "repeats")
-_DECODE_KEYS = (
-    "total_tok_s", "per_request_tok_s", "ttft_ms", "ttft_p90_ms", "ttft_p99_ms", "tbt_ms",
-    "tbt_p90_ms", "tbt_p99_ms", "avg_active", "completed", "output_tokens", "measured_s",
-    "requests", "errors", "error_summary", "early_stops", "wrong_prompt_lengths", "tokens",
-    "queued", "effective_concurrency", "max_waiting", "stability_cv", "per_second_tok",
-    "received_tokens", "received_chunks", "generation_tokens_delta", "received_span",
-    "max_output", "duration_s",
-)  # fmt: skip
-#: keys written only when known (added in 0.2: intervals, drift, Little's law, early ends)
-CI_KEYS = (
-    "total_tok_s_ci", "per_request_tok_s_ci", "ttft_ms_ci", "tbt_ms_ci", "prompt_tok_s_ci",
-)  # fmt: skip
-_OPTIONAL_KEYS = (*CI_KEYS, "ci_method", "drift", "little_residual", "precision", "window_end")
+
+def _written_when_known() -> list[str]:
+    """Keys a cell writes only when known, in order: the intervals, then the optional
+    figures."""
+    return [
+        *(f.ci_key for f in figures.with_interval()),
+        *(f.key for f in figures.FIGURES if f.optional),
+    ]
+
+
 _ID_KEYS = ("id", "phase", "context", "context_tokens", "context_display", "concurrency", "status")
-_GATE_KEYS = ("baseline", "baseline_checks", "attempts")
+_GATE_KEYS = ("baseline", "baseline_checks", "baseline_why", "attempts")
+
+
+# -- the server's own figures of a cell (core/server_figures.py reads them) --------------------
+
+
+@dataclass(frozen=True)
+class ServerFigures:
+    """What the server says happened in one cell's window. Every figure is ``None`` where
+    the server does not expose what it needs (``missing`` names those, for one note per run)
+    or where a counter went back (a restart inside the window: ``reset`` names those) — never
+    0 for "not known". Counts are the window's; means are per finished request (histograms)
+    or over time (gauges, trapezoids through the open, the polls and the close)."""
+
+    duration_s: float  # the span between the open and close reads
+    # speculative decoding
+    spec_drafts: int | None = None
+    spec_draft_tokens: int | None = None
+    spec_accepted_tokens: int | None = None
+    spec_accepted_per_position: tuple[int, ...] | None = None
+    acceptance_length: float | None = None  # 1 + accepted / drafts (SGLang: its gauge's mean)
+    acceptance_rate: float | None = None  # accepted / draft tokens
+    # engine steps
+    steps: int | None = None
+    steps_per_s: float | None = None
+    step_tokens: int | None = None  # tokens the steps computed: prefill + generated
+    tokens_per_step: float | None = None
+    generation_tokens: int | None = None
+    output_tokens_per_step: float | None = None  # generated tokens / steps
+    prompt_tokens: int | None = None
+    # scheduler
+    running_mean: float | None = None
+    running_max: float | None = None
+    waiting_mean: float | None = None
+    waiting_max: float | None = None
+    waiting_by_reason: tuple[tuple[str, float, float], ...] | None = None  # (reason, mean, max)
+    preemptions: int | None = None
+    requests: int | None = None  # requests that finished in the window
+    queue_time_mean_s: float | None = None
+    prefill_time_mean_s: float | None = None
+    decode_time_mean_s: float | None = None
+    # prefix cache, in prompt tokens
+    prefix_cache_queries: int | None = None
+    prefix_cache_hits: int | None = None
+    prefix_cache_hit_rate: float | None = None
+    prefix_cache_counter: str | None = None  # "by source" or "queries/hits": which was read
+    # KV cache
+    kv_usage_mean: float | None = None
+    kv_usage_max: float | None = None
+    # what is not known, and why
+    missing: tuple[str, ...] = ()  # figures the server does not expose
+    reset: tuple[str, ...] = ()  # figures whose counters went back inside the window
+
+    def to_dict(self) -> dict[str, object]:
+        """The known figures as plain JSON values (tuples as lists), and ``missing`` and
+        ``reset`` when not empty."""
+        out: dict[str, object] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None or value == ():
+                continue
+            if f.name == "waiting_by_reason":
+                value = [list(row) for row in value]
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ServerFigures:
+        """The figures as :meth:`to_dict` wrote them (keys this version does not know are
+        left out: a later version's server figures are not a reason to refuse a file)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key not in known:
+                continue
+            if key == "waiting_by_reason":
+                value = tuple((str(r), float(m), float(x)) for r, m, x in value)
+            elif isinstance(value, list):
+                value = tuple(value)
+            kwargs[key] = value
+        kwargs.setdefault("duration_s", 0.0)
+        return cls(**kwargs)
+
+    def scalars(self) -> list[tuple[str, float | int]]:
+        """The known figures that are single numbers, in field order (JUnit properties)."""
+        out: list[tuple[str, float | int]] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                out.append((f.name, value))
+        return out
 
 
 @dataclass(frozen=True)
@@ -649,12 +752,18 @@ class CellRecord:
     window_end: str | None = None  # with --llm-precision: "precision" (early) or "duration"
     #: total tok/s of each replica, when the server is several replicas (written when set)
     replica_tok_s: tuple[float, ...] | None = None
+    #: what the server's /metrics say of the cell's window (None: nothing exposed, or a file
+    #: written before them); written under "server"
+    server: ServerFigures | None = None
     # the gate
     gate: GateVerdict | None = None
     attempts: tuple[Mapping[str, float | None], ...] = ()
     notes: tuple[str, ...] = ()
     #: keys of the file this version does not know, kept and written back
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: keys the file it was read from did not have (written by a version before them): a
+    #: figure of its phase, ``context_display``; not written back
+    absent: frozenset[str] = frozenset()
 
     # -- what the cell is
     @property
@@ -697,18 +806,29 @@ class CellRecord:
 
     # -- outputs
     def properties(self) -> list[tuple[str, Any]]:
-        """The record's scalar figures as JUnit ``user_properties``."""
+        """The record's scalar figures as JUnit ``user_properties``: its identity, then the
+        figures with a JUnit name in the order of :data:`~.figures.FIGURES`, each interval as
+        two scalars (``_ci_low``, ``_ci_high``), the figures written only when known, each
+        replica's total tok/s."""
         flat = self.to_v1()
-        for key in CI_KEYS:  # an interval as two scalars
-            if key in flat:
-                flat[f"{key}_low"], flat[f"{key}_high"] = flat.pop(key)
-        props = [
-            (key, flat[key])
-            for key in PROPERTY_KEYS
-            if key in flat and flat[key] is not None and not isinstance(flat[key], list | dict)
-        ]
+        props = [(key, flat[key]) for key in _ID_PROPERTIES if flat.get(key) is not None]
+
+        def scalars(group: Iterable[figures.Figure]) -> None:
+            for f in group:
+                value = flat.get(f.key)
+                if f.junit and value is not None and not isinstance(value, list | dict):
+                    props.append((f.junit, value))
+
+        scalars(f for f in figures.FIGURES if not f.optional)
+        for f in figures.with_interval():
+            ci = flat.get(f.ci_key)
+            if f.junit and ci is not None:
+                props += [(f"{f.junit}_ci_low", ci[0]), (f"{f.junit}_ci_high", ci[1])]
+        scalars(f for f in figures.FIGURES if f.optional)
         for i, rate in enumerate(self.replica_tok_s or (), start=1):
             props.append((f"replica{i}_total_tok_s", rate))
+        if self.server is not None:
+            props += [(f"server_{name}", value) for name, value in self.server.scalars()]
         return props
 
     def to_v1(self) -> dict[str, Any]:
@@ -720,20 +840,16 @@ class CellRecord:
         }
         if self.context_tokens is not None:
             out["context_tokens"] = self.context_tokens
-            out["context_display"] = self.context_display
+            if "context_display" not in self.absent:
+                out["context_display"] = self.context_display
         out["concurrency"] = self.concurrency
         out["status"] = self.status.value
         if self.reason is not None:
             out["reason"] = self.reason
-        if self.samples is not None:  # a measured cell: its phase's keys, None included
-            keys = _PREFILL_KEYS if self.phase is Phase.PREFILL else _DECODE_KEYS
-            for key in keys:
-                value = getattr(self, key)
-                if isinstance(value, tuple):
-                    value = list(value)
-                elif isinstance(value, Mapping):
-                    value = dict(value)
-                out[key] = value
+        if self.samples is not None:  # a measured cell: its phase's figures, None included
+            for f in figures.of_phase(self.phase, optional=False):
+                if f.key not in self.absent:
+                    out[f.key] = figures.written(getattr(self, f.key))
             samples: dict[str, list[float]] = {"ttft_ms": list(self.samples.ttft_ms)}
             if self.phase is Phase.DECODE:
                 samples["tbt_ms"] = list(self.samples.tbt_ms)
@@ -741,14 +857,18 @@ class CellRecord:
             out["samples"] = samples
             if self.replica_tok_s is not None:
                 out["replica_tok_s"] = list(self.replica_tok_s)
-        for key in _OPTIONAL_KEYS:
+        for key in _written_when_known():
             value = getattr(self, key)
             if value is not None:
-                out[key] = list(value) if isinstance(value, tuple) else value
+                out[key] = figures.written(value)
+        if self.server is not None:
+            out["server"] = self.server.to_dict()
         if self.gate is not None:
             out["baseline"] = self.gate.outcome.value
             if self.gate.checks:
                 out["baseline_checks"] = [c.to_v1() for c in self.gate.checks]
+            if self.gate.why:
+                out["baseline_why"] = self.gate.why
         if self.attempts:
             out["attempts"] = [dict(a) for a in self.attempts]
         if self.notes:
@@ -766,20 +886,28 @@ class CellRecord:
             "context_tokens": data.get("context_tokens"),
             "reason": data.get("reason"),
         }
-        known = set(_ID_KEYS) | set(_GATE_KEYS) | {"reason", "samples", "notes"}
-        for key in _OPTIONAL_KEYS:
-            if data.get(key) is not None:
-                value = data[key]
-                kwargs[key] = (float(value[0]), float(value[1])) if key in CI_KEYS else value
-                known.add(key)
+        known = set(_ID_KEYS) | set(_GATE_KEYS) | {"reason", "samples", "notes", "server"}
+        if isinstance(data.get("server"), Mapping):
+            kwargs["server"] = ServerFigures.from_dict(data["server"])
+        for f in figures.with_interval():
+            value = data.get(f.ci_key)
+            if value is not None:
+                kwargs[f.ci_key] = (float(value[0]), float(value[1]))
+                known.add(f.ci_key)
+        for f in figures.FIGURES:
+            if f.optional and data.get(f.key) is not None:
+                kwargs[f.key] = figures.read(f, data[f.key])
+                known.add(f.key)
+        absent = set()
+        if "context_tokens" in data and "context_display" not in data:
+            absent.add("context_display")
         if "samples" in data:
-            keys = _PREFILL_KEYS if cid.phase is Phase.PREFILL else _DECODE_KEYS
-            for key in keys:
-                value = data.get(key)
-                if key in ("per_second_tok", "received_span") and value is not None:
-                    value = tuple(value)
-                kwargs[key] = value
-            known |= set(keys)
+            for f in figures.of_phase(cid.phase, optional=False):
+                if f.key in data:
+                    kwargs[f.key] = figures.read(f, data[f.key])
+                else:  # a file older than the figure: it stays absent when written back
+                    absent.add(f.key)
+                known.add(f.key)
             s = data["samples"]
             kwargs["samples"] = Samples(
                 tuple(s.get("ttft_ms", ())),
@@ -791,7 +919,9 @@ class CellRecord:
                 known.add("replica_tok_s")
         if "baseline" in data:
             checks = tuple(Check.from_v1(str(cid), c) for c in data.get("baseline_checks", ()))
-            kwargs["gate"] = GateVerdict(Outcome(data["baseline"]), checks)
+            why = str(data.get("baseline_why", ""))
+            kwargs["gate"] = GateVerdict(Outcome(data["baseline"]), checks, why)
+        kwargs["absent"] = frozenset(absent)
         kwargs["attempts"] = tuple(dict(a) for a in data.get("attempts", ()))
         kwargs["notes"] = tuple(str(n) for n in data.get("notes", ()))
         kwargs["extra"] = {k: v for k, v in data.items() if k not in known}

@@ -85,3 +85,24 @@ async def test_server_that_is_down_is_unreachable_at_once():
             await conn.get("/v1/models")
     finally:
         await conn.close()
+
+
+async def test_the_second_try_goes_on_a_new_connection_not_another_pooled_one():
+    # Two pooled connections, both closed by the server by the time they are reused. The
+    # retry used to take the pool's next connection, as stale as the first: the request
+    # failed ("Can not write request body", real vLLM beside other work). It now goes on a
+    # new connection, and the pool's stale ones are found and dropped one by one.
+    fake = DroppingServer()
+    server = await asyncio.start_server(fake.handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    conn = Connection.open(f"http://127.0.0.1:{port}", None, 5)
+    try:
+        await conn.warm_pool(2)  # two connections, each served once: both stale from now on
+        assert fake.connections == 2 and fake.answered == 2
+        for prompt in ("a", "b", "c"):
+            assert (await conn.post_json("/tokenize", {"prompt": prompt})) == {"ok": True}
+        assert fake.answered == 5
+    finally:
+        await conn.close()
+        server.close()
+        await server.wait_closed()

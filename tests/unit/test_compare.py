@@ -65,3 +65,67 @@ def test_the_page_names_them_in_short_and_says_why_on_hover():
     section = html[html.index('id="comparison"') : html.index('id="prefill"')]
     assert section.count(">over capacity</td>") == 5
     assert 'title="over capacity in both"' in section and "not measured" not in section
+
+
+# -- why a cell changed: both runs' server figures (gate/explain.py) ----------------------
+
+METRICS = Path(__file__).resolve().parents[1] / "data" / "metrics"
+
+
+def real_window(prefix: str):
+    """A window of real vLLM 0.32 (CPU build) from the captures in tests/data/metrics/:
+    '' the test server, 'tight-' --max-num-seqs 4 with a small KV cache (5 preemptions)."""
+    from pytest_llmspeed.core.server_figures import GAUGE_FAMILIES, snapshot, window_figures
+
+    def read(name, t, *families):
+        return snapshot((METRICS / f"vllm-0.32-cpu-{prefix}{name}.txt").read_text(), t, *families)
+
+    return window_figures(
+        read("before", 0.0), read("after", 3.0), [read("during", 1.0, GAUGE_FAMILIES)]
+    )
+
+
+def one_cell(server, factor):
+    results = load(DATA)
+    cell = next(c for c in results.cells if c.id == CellId.decode(1024, 8))
+    changed = dataclasses.replace(
+        cell, server=server, total_tok_s=2000.0 * factor, total_tok_s_ci=None
+    )
+    return dataclasses.replace(results, cells=(changed,))
+
+
+def test_a_regression_says_why_from_both_runs_server_figures():
+    cmp = compare(one_cell(real_window(""), 1.0), one_cell(real_window("tight-"), 0.6))
+    (cell,) = cmp.cells
+    assert cell.verdict is Verdict.REGRESSION
+    assert cell.explanation.startswith("decode[1K-c8] −40.0%: ")
+    assert "running 4.00 → 1.50 (−62.5%)" in cell.explanation
+    assert "preemptions 0 → 5" in cell.explanation
+    shown = lines(cmp, "old.json")
+    regression = next(i for i, ln in enumerate(shown) if ln.startswith("  REGRESSION "))
+    assert shown[regression + 1] == f"      why: {cell.explanation}"
+    assert f"— why: {cell.explanation}" in markdown(cmp, "old.json", "new.json")
+    assert cmp.unexplained is None
+
+
+def test_a_finding_is_said_even_when_the_figure_held():
+    # the same total tok/s, but the server preempted and queued: said, not a regression
+    cmp = compare(one_cell(real_window(""), 1.0), one_cell(real_window("tight-"), 1.0))
+    (cell,) = cmp.cells
+    assert cell.verdict is Verdict.WITHIN_NOISE
+    assert "preemptions 0 → 5" in cell.explanation
+    assert f"  finding     {cell.explanation}" in lines(cmp, "old.json")
+    assert "**Why cells changed, and findings**" in markdown(cmp, "old.json", "new.json")
+
+
+def test_a_file_without_server_figures_compares_as_before_with_one_line():
+    old, new = one_cell(None, 1.0), one_cell(real_window("tight-"), 0.6)
+    cmp = compare(old, new)
+    (cell,) = cmp.cells
+    assert cell.verdict is Verdict.REGRESSION and cell.explanation == ""
+    assert cmp.unexplained == (
+        "the old run has no server figures (a results file written before them, or a server "
+        "without /metrics): the changes are not explained"
+    )
+    assert lines(cmp, "old.json")[-1] == f"  note: {cmp.unexplained}"
+    assert lines(compare(old, old), "old.json")[-1].startswith("  1 cell(s)")  # nothing to say

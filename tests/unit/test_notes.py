@@ -8,7 +8,14 @@ import pytest
 
 from pytest_llmspeed.core.intervals import drift_noted
 from pytest_llmspeed.report.markdown import summary
-from pytest_llmspeed.report.notes import IN_FLIGHT, QUEUED, by_kind, cell_flags, note_lines
+from pytest_llmspeed.report.notes import (
+    COUNTER_LAG,
+    IN_FLIGHT,
+    QUEUED,
+    by_kind,
+    cell_flags,
+    note_lines,
+)
 from pytest_llmspeed.report.page import render_page
 from pytest_llmspeed.report.terminal import render
 from pytest_llmspeed.results import Phase, load
@@ -107,3 +114,21 @@ def test_unstable_cells_say_by_how_much_beyond_a_tenth(results):
     shown = [note_lines([dataclasses.replace(cell, stability_cv=cv)]) for cv in (0.1, 0.1049, 0.76)]
     head = "  unstable: per-second throughput varies by more than 10 %: "
     assert shown == [[], [f"{head}{cell.id} (10.5%)"], [f"{head}{cell.id} (76%)"]]
+
+
+def test_a_counter_that_ran_ahead_of_exact_tokens_is_a_note(results):
+    # a valid cell whose tokens were counted exactly (usage) while the server's counter rose
+    # 15 % above them (vLLM's API server streaming behind its engine): a note, not a failure
+    cell = decode_cells(results)[0]
+    assert cell.tokens == "usage"
+    lagging = dataclasses.replace(cell, generation_tokens_delta=1150.0, received_span=(990, 1000))
+    assert note_lines([lagging]) == [f"  {COUNTER_LAG.heading}: {cell.id} (+15.0%)"]
+    assert cell_flags(lagging) == ["counter lag: +15.0%"]
+    inside = dataclasses.replace(lagging, generation_tokens_delta=1040.0)  # within 5 % + 8/stream
+    assert note_lines([inside]) == []
+    estimated = dataclasses.replace(lagging, tokens="ratio")  # such a cell failed: no note
+    assert COUNTER_LAG not in [kind for kind, _ in by_kind([estimated])]
+    other_client = dataclasses.replace(
+        lagging, reason="the server's generation counter rose by 1,150 tokens ... another client"
+    )
+    assert note_lines([other_client]) == []  # failed for it: its reason says it all

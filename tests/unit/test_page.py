@@ -96,3 +96,12 @@ def test_per_replica_figures_on_the_page_and_in_the_markdown_summary():
         "**Per replica**" in md and f"- {cell.id}: total " in md and f"per replica {a} · {b}" in md
     )
     assert "Per replica" not in summary("t", list(results.cells), [])
+
+
+def test_a_run_without_recorded_settings_still_renders():
+    # a results file whose run kept no max output (written by hand, or by another tool): the
+    # header says "?" where the page raised ValueError formatting '?' with a thousands separator
+    results = load(DATA)
+    bare = dataclasses.replace(results, run=dataclasses.replace(results.run, settings={}))
+    html = render_page(bare).html
+    assert "? tokens" in html and 'id="decode"' in html

@@ -25,6 +25,9 @@ def test_stored_file_and_the_models_output_validate():
     doc = json.loads((ROOT / "tests" / "data" / "v1" / "results.json").read_text())
     validate(doc)
     validate(load(ROOT / "tests" / "data" / "v1" / "results.json").to_document())
+    older = ROOT / "tests" / "data" / "older_rule" / "results.json"  # verdicts of an older rule
+    validate(json.loads(older.read_text()))
+    validate(load(older).to_document())
 
 
 @pytest.mark.parametrize(
@@ -43,3 +46,37 @@ def test_the_schema_rejects(change):
     change(doc)
     with pytest.raises(jsonschema.ValidationError):
         validate(doc)
+
+
+#: the JSON types a figure's Python type is written as
+JSON_TYPE = {
+    float: "number",
+    int: "integer",
+    str: "string",
+    bool: "boolean",
+    dict: "object",
+    tuple: "array",
+}
+#: a cell's keys that are not figures: what it is, how it ended, its structure, the gate's
+NOT_FIGURES = {
+    "id", "phase", "context", "context_tokens", "context_display", "concurrency", "status",
+    "reason", "samples", "replica_tok_s", "notes", "baseline", "baseline_checks", "attempts",
+    "server", "baseline_why",
+}  # fmt: skip
+
+
+def test_the_schema_describes_every_figure_of_the_list_and_no_other():
+    from pytest_llmspeed import figures
+
+    cell = SCHEMA["$defs"]["cell"]["properties"]
+    for f in figures.FIGURES:
+        described = cell[f.key]
+        if "enum" not in described:  # words from a fixed set: their own enum
+            types = described["type"]
+            assert JSON_TYPE[f.kind] in ([types] if isinstance(types, str) else types), f.key
+        if f.ci:
+            assert cell[f.ci_key]["maxItems"] == 2, f.key
+    named = {f.key for f in figures.FIGURES} | {f.ci_key for f in figures.with_interval()}
+    assert set(cell) - named == NOT_FIGURES
+    metric = cell["baseline_checks"]["items"]["properties"]["metric"]["enum"]
+    assert metric == [f.key for f in figures.gated()]

@@ -140,7 +140,14 @@ class Bench:
             assert self.conn and self.factory and self.dialect and self.server
             first = self.run(
                 run_prefill(
-                    self.conn, self.factory, self.dialect, self.server.model, context, max_tokens
+                    self.conn,
+                    self.factory,
+                    self.dialect,
+                    self.server.model,
+                    context,
+                    max_tokens,
+                    watch_metrics=self.server.has_metrics,
+                    metrics_from=self.replicas,
                 )
             )
             self._warm_other_replicas(context, max_tokens)
@@ -155,7 +162,13 @@ class Bench:
         assert self.conn and self.factory and self.dialect and self.server
         self.run(
             run_prefill(
-                self.conn, self.factory, self.dialect, self.server.model, context, max_tokens
+                self.conn,
+                self.factory,
+                self.dialect,
+                self.server.model,
+                context,
+                max_tokens,
+                watch_metrics=False,
             )
         )
         self._warm_other_replicas(context, max_tokens)
@@ -178,7 +191,9 @@ class Bench:
         async def warm_all() -> None:
             await asyncio.gather(
                 *(
-                    run_prefill(conn, factory, dialect, model, context, max_tokens)
+                    run_prefill(
+                        conn, factory, dialect, model, context, max_tokens, watch_metrics=False
+                    )
                     for conn in self.replicas.connections[1:]  # type: ignore[union-attr]
                 )
             )
@@ -190,7 +205,16 @@ class Bench:
         assert self.conn and self.factory and self.dialect and self.server
         factory = self.factory.fresh()
         return self.run(
-            run_prefill(self.conn, factory, self.dialect, self.server.model, context, max_tokens)
+            run_prefill(
+                self.conn,
+                factory,
+                self.dialect,
+                self.server.model,
+                context,
+                max_tokens,
+                watch_metrics=self.server.has_metrics,
+                metrics_from=self.replicas,
+            )
         )
 
     def decode(

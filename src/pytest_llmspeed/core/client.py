@@ -26,6 +26,27 @@ READ_BUFSIZE = 4 * 1024 * 1024
 KEEPALIVE_S = 4.0
 
 
+class FreshConnections:
+    """A session whose every request opens a new connection, made on first use."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    def session(self, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, force_close=True),
+                timeout=timeout,
+                read_bufsize=READ_BUFSIZE,
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
 @dataclass
 class Connection:
     """One server endpoint with one pooled aiohttp session, bound to the running loop."""
@@ -34,6 +55,9 @@ class Connection:
     api_key: str | None
     timeout: float
     session: aiohttp.ClientSession
+    #: for a request whose pooled connection was found closed: a new connection each time
+    #: (shared, like ``session``, by the connections of one set of replicas)
+    fresh: FreshConnections = field(default_factory=lambda: FreshConnections())
 
     @classmethod
     def open(cls, base_url: str, api_key: str | None, timeout: float) -> Connection:
@@ -59,6 +83,7 @@ class Connection:
 
     async def close(self) -> None:
         await self.session.close()
+        await self.fresh.close()
 
     async def warm_pool(self, n: int) -> None:
         """Open ``n`` pooled keep-alive connections, so that starting n streams at once
@@ -79,14 +104,17 @@ class Connection:
 
         A pooled keep-alive connection the server closed while it sat idle fails at once
         (disconnected, or "Can not write request body"): the request is sent again, once, on a
-        new connection. Nothing reached the server, so this is not a retry of a request the
-        server saw; a refused connection (server down) is not retried."""
+        new connection — never another pooled one, which may be just as stale (on real vLLM
+        beside other work, 1 request in 11 at c4 failed twice that way when the retry took
+        the pool's next connection). Nothing reached the server, so this is not a retry of a
+        request the server saw; a refused connection (server down) is not retried."""
         try:
             return await self.session.request(method, self.url(path), **kwargs)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             if isinstance(exc, aiohttp.ClientConnectorError):
                 raise
-        return await self.session.request(method, self.url(path), **kwargs)
+        fresh = self.fresh.session(self.session.timeout)
+        return await fresh.request(method, self.url(path), **kwargs)
 
     async def get(self, path: str) -> tuple[int, str]:
         """GET a path; returns (status, body text). Connection problems → ServerUnreachable."""

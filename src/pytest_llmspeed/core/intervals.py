@@ -456,3 +456,24 @@ def little_residual(
     if held is None or not spans or concurrency <= 0:
         return None
     return held / concurrency - 1
+
+
+#: how far the server's generation counter may sit outside the received bracket: a relative
+#: part, and tokens per stream (a step's output generated, not yet read, at each /metrics read)
+COUNTER_TOLERANCE = 0.05
+COUNTER_SLACK_PER_STREAM = 8
+
+
+def counter_gap(
+    delta: float | None, span: tuple[int, int] | None, concurrency: int
+) -> float | None:
+    """How far the server's generation counter rose outside the tokens received over the same
+    span, relative to the bracket's top (+ above, − below); None when inside [lo − s, hi + s]
+    or not known (docs/metrics.md, "The server's generation counter as a referee")."""
+    if delta is None or span is None:
+        return None
+    lo, hi = span
+    slack = COUNTER_TOLERANCE * hi + COUNTER_SLACK_PER_STREAM * concurrency
+    if lo - slack <= delta <= hi + slack or not hi:
+        return None
+    return delta / hi - 1

@@ -8,6 +8,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from . import server_figures
 from .client import Connection
 from .errors import LLMSpeedError, ModelNotFound, NotAnOpenAIServer
 
@@ -67,21 +68,13 @@ SNAPSHOT_FAMILIES = frozenset(
 
 
 def only_families(text: str, families: frozenset[str]) -> str:
-    """The lines of a Prometheus text that belong to ``families`` (samples and their # HELP /
-    # TYPE lines). vLLM's /metrics is ~50 KB of histograms; prometheus_client parses it in
-    14-19 ms of CPU, which a decode cell's once-a-second sample would take from a server that
-    shares the machine; filtered, 0.5 ms (benchmarks/metrics_parse_cost.py)."""
-    keep = []
-    for line in text.splitlines():
-        if line.startswith("#"):
-            parts = line.split(None, 3)
-            if len(parts) >= 3 and parts[2] in families:
-                keep.append(line)
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in families or name.removesuffix("_total").removesuffix("_created") in families:
-            keep.append(line)
-    return "\n".join(keep) + "\n"
+    """The lines of a Prometheus text that belong to ``families`` (samples, a histogram's
+    ``_sum`` and ``_count`` but never its buckets, and their # HELP / # TYPE lines). vLLM's
+    /metrics is ~50 KB of histograms; prometheus_client parses it in 14-19 ms of CPU, which a
+    decode cell's once-a-second sample would take from a server that shares the machine;
+    filtered, 0.5 ms (benchmarks/metrics_parse_cost.py). One rule with the server's figures'
+    (:func:`~.server_figures.only_families`), so that one parse serves both."""
+    return server_figures.only_families(text, families)
 
 
 def parse_metrics(
@@ -134,6 +127,15 @@ def snapshot(samples: dict[str, list[tuple[dict[str, str], float]]]) -> MetricsS
         generation_tokens=total("vllm:generation_tokens_total", "vllm:generation_tokens"),
         prompt_tokens=total("vllm:prompt_tokens_total", "vllm:prompt_tokens"),
     )
+
+
+async def metrics_text(conn: Connection, path: str = "/metrics") -> str | None:
+    """The /metrics text as read, unparsed, or None: no answer, or not HTTP 200."""
+    try:
+        status, body = await conn.get(path)
+    except LLMSpeedError:
+        return None
+    return body if status == 200 else None
 
 
 async def read_metrics(

@@ -37,6 +37,7 @@ def prefill_record(context: int | str, result: PrefillResult) -> CellRecord:
         samples=Samples(ttft_ms=tuple(round(x, 2) for x in samples)),
         ttft_ms_ci=_ci(ttft_ci, 2),
         prompt_tok_s_ci=prompt_ci,
+        server=result.server,
     )
 
 
@@ -106,6 +107,7 @@ def decode_record(
             tbt_ms=tuple(s.tbt_samples_ms),
             per_request_tok_s=tuple(s.per_request_samples),
         ),
+        server=result.server,
     )
 
 

@@ -26,6 +26,7 @@ from .probe import (
     ServerInfo,
     engine_of,
     kv_capacity_from_metrics,
+    metrics_text,
     read_metrics,
     snapshot,
 )
@@ -52,6 +53,10 @@ class MetricsSource:
         except LLMSpeedError:
             return None
 
+    async def text(self) -> str | None:
+        """The metrics text, unparsed, or None: no answer, or not 200."""
+        return await metrics_text(self.conn, self.path)
+
 
 def metrics_source(url: str, session_of: Connection) -> MetricsSource:
     """A ``--llm-metrics-url`` value: a full URL of a metrics page (``http://h:8000/metrics``),
@@ -61,7 +66,9 @@ def metrics_source(url: str, session_of: Connection) -> MetricsSource:
     path = parts.path or "/metrics"
     if parts.query:
         path += "?" + parts.query
-    return MetricsSource(Connection(base, None, session_of.timeout, session_of.session), path)
+    return MetricsSource(
+        Connection(base, None, session_of.timeout, session_of.session, session_of.fresh), path
+    )
 
 
 @dataclass
@@ -88,7 +95,8 @@ class ReplicaSet:
         """Create inside the event loop that will use it."""
         first = Connection.open(urls[0], api_key, timeout)
         conns = [first] + [
-            Connection(u.rstrip("/"), api_key, timeout, first.session) for u in urls[1:]
+            Connection(u.rstrip("/"), api_key, timeout, first.session, first.fresh)
+            for u in urls[1:]
         ]
         if metrics_urls:
             sources = [metrics_source(u, first) for u in metrics_urls]
@@ -127,6 +135,11 @@ class ReplicaSet:
     async def samples(self, families: frozenset[str] | None = None) -> list[Samples | None]:
         """Every replica's /metrics at once (the counter is read over the same moment)."""
         return list(await asyncio.gather(*(s.read(families) for s in self.sources)))
+
+    async def texts(self) -> list[str | None]:
+        """Every replica's /metrics text at once, unparsed (a decode window's reads: parsed
+        after the window, by ``core/protocol.py``)."""
+        return list(await asyncio.gather(*(s.text() for s in self.sources)))
 
     async def snapshot(self) -> MetricsSnapshot | None:
         """The watched gauges and counters summed over the replicas; None when a replica's

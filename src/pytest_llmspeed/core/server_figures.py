@@ -23,10 +23,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from ..results import ServerFigures
 
 __all__ = [
     "ALL_FAMILIES",
@@ -363,69 +365,6 @@ def combine(snapshots: Sequence[ServerSnapshot]) -> ServerSnapshot:
         created=created,
         replicas=sum(s.replicas for s in snapshots),
     )
-
-
-@dataclass(frozen=True)
-class ServerFigures:
-    """What the server says happened in one cell's window. Every figure is ``None`` where
-    the server does not expose what it needs (``missing`` names those, for one note per run)
-    or where a counter went back (a restart inside the window: ``reset`` names those) — never
-    0 for "not known". Counts are the window's; means are per finished request (histograms)
-    or over time (gauges, trapezoids through the open, the polls and the close)."""
-
-    duration_s: float  # the span between the open and close reads
-    # speculative decoding
-    spec_drafts: int | None = None
-    spec_draft_tokens: int | None = None
-    spec_accepted_tokens: int | None = None
-    spec_accepted_per_position: tuple[int, ...] | None = None
-    acceptance_length: float | None = None  # 1 + accepted / drafts (SGLang: its gauge's mean)
-    acceptance_rate: float | None = None  # accepted / draft tokens
-    # engine steps
-    steps: int | None = None
-    steps_per_s: float | None = None
-    step_tokens: int | None = None  # tokens the steps computed: prefill + generated
-    tokens_per_step: float | None = None
-    generation_tokens: int | None = None
-    output_tokens_per_step: float | None = None  # generated tokens / steps
-    prompt_tokens: int | None = None
-    # scheduler
-    running_mean: float | None = None
-    running_max: float | None = None
-    waiting_mean: float | None = None
-    waiting_max: float | None = None
-    waiting_by_reason: tuple[tuple[str, float, float], ...] | None = None  # (reason, mean, max)
-    preemptions: int | None = None
-    requests: int | None = None  # requests that finished in the window
-    queue_time_mean_s: float | None = None
-    prefill_time_mean_s: float | None = None
-    decode_time_mean_s: float | None = None
-    # prefix cache, in prompt tokens
-    prefix_cache_queries: int | None = None
-    prefix_cache_hits: int | None = None
-    prefix_cache_hit_rate: float | None = None
-    prefix_cache_counter: str | None = None  # "by source" or "queries/hits": which was read
-    # KV cache
-    kv_usage_mean: float | None = None
-    kv_usage_max: float | None = None
-    # what is not known, and why
-    missing: tuple[str, ...] = ()  # figures the server does not expose
-    reset: tuple[str, ...] = ()  # figures whose counters went back inside the window
-
-    def to_dict(self) -> dict[str, object]:
-        """The known figures as plain JSON values (tuples as lists), and ``missing`` and
-        ``reset`` when not empty."""
-        out: dict[str, object] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is None or value == ():
-                continue
-            if f.name == "waiting_by_reason":
-                value = [list(row) for row in value]
-            elif isinstance(value, tuple):
-                value = list(value)
-            out[f.name] = value
-        return out
 
 
 def _delta(

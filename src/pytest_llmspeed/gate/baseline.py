@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..results import CEILINGS, FLOORS, CellId, CellRecord, Phase, Status
+from .. import figures
+from ..figures import Gate
+from ..results import CellId, CellRecord, ServerFigures, Status
 from .noise import UNKNOWN, Pair, Spread, pooled_spread
 
 #: run settings that make two runs comparable
@@ -36,9 +38,11 @@ COMPARABLE = (
 #: the same server software (runs of another version are a change, not a restart)
 SAME_RUNS = (*COMPARABLE, "engine", "engine_version")
 DEFAULT_TOLERANCE = 0.05
-FIGURES = FLOORS + CEILINGS
-#: decimals each figure is written with
-_DIGITS = {"tbt_ms": 3}
+
+
+def _gated() -> tuple[str, ...]:
+    """The figures a baseline holds (floors, ceilings), in the order a cell writes them."""
+    return tuple(f.key for f in figures.gated())
 
 
 class BaselineError(ValueError):
@@ -89,6 +93,9 @@ class CellBaseline:
     ungated: dict[str, FigureRuns] = field(default_factory=dict)
     #: the cell's own tolerance as written (None: the default)
     own_tolerance: float | None = None
+    #: the server's own figures, the mean over ``server_runs`` runs (why a cell changed)
+    server: ServerFigures | None = None
+    server_runs: int = 0
 
     def figure_runs(self, metric: str) -> FigureRuns:
         """The runs behind a gated figure's reference (one run when the file gives no runs)."""
@@ -183,7 +190,7 @@ def load(path: str | Path) -> Baseline:
 def _pool(baseline: Baseline) -> None:
     """The between-start spread of each gated figure, pooled over the cells, on the baseline
     and on each cell that has the figure."""
-    for metric in FIGURES:
+    for metric in _gated():
         with_runs = [c.runs[metric] for c in baseline.cells.values() if metric in c.runs]
         if with_runs:
             spread = pooled_spread(((r.values, r.intervals) for r in with_runs), baseline.runs)
@@ -200,19 +207,19 @@ def baseline_of(
 ) -> Baseline:
     """The baseline several runs' records make, in memory: what :func:`save` run by run and
     :func:`load` would give, without the file's rounding (benchmarks gate with it)."""
-    figures: dict[str, dict[str, FigureRuns]] = {}
+    measured: dict[str, dict[str, FigureRuns]] = {}
     for records in runs:
         for rec in records:
             if rec.status is not Status.VALID:
                 continue
-            cell = figures.setdefault(str(rec.id), {})
+            cell = measured.setdefault(str(rec.id), {})
             for metric, one, gated in _record_figures(rec):
                 if gated:
                     old = cell.get(metric)
                     value, ci = one.values[0], one.intervals[0]
                     cell[metric] = old.add(value, ci) if old else one
     baseline = Baseline(Path(path), {"runs": len(runs)}, tolerance)
-    for cid, cell in figures.items():
+    for cid, cell in measured.items():
         limits = {m: r.mean for m, r in cell.items()}
         baseline.cells[cid] = CellBaseline(cid, limits, tolerance, 0, {}, dict(cell))
     _pool(baseline)
@@ -236,7 +243,7 @@ def _intervals(items: list[Any]) -> list[Pair | None]:
 def _split(key: str) -> tuple[str, str] | None:
     """``total_tok_s_runs_ci`` → (``total_tok_s``, ``_runs_ci``); None for no figure's key."""
     for suffix in ("_runs_ci", "_runs", "_ci", ""):
-        if key.endswith(suffix) and key[: len(key) - len(suffix)] in FIGURES:
+        if key.endswith(suffix) and key[: len(key) - len(suffix)] in _gated():
             return key[: len(key) - len(suffix)], suffix
     return None
 
@@ -251,6 +258,8 @@ def _cell(
 ) -> CellBaseline:
     limits: dict[str, float] = {}
     intervals: dict[str, Pair] = {}
+    server: ServerFigures | None = None
+    server_runs = 0
     values: dict[str, tuple[float, ...]] = {}
     runs_ci: dict[str, tuple[Pair | None, ...]] = {}
     lines: dict[str, int] = {}
@@ -260,11 +269,16 @@ def _cell(
         if key == "tolerance":
             own = _tolerance(value, err(line, ""))
             continue
+        if key == "server" and isinstance(value, Mapping):  # [cells."ID".server]
+            numbers = {k: v for k, v in value.items() if isinstance(v, int | float)}
+            server_runs = int(numbers.pop("runs", 1))
+            server = ServerFigures.from_dict(numbers)
+            continue
         parts = _split(key)
         if parts is None:
             raise err(
                 line,
-                f"unknown figure {key!r} in {cid} (expected one of {', '.join(FIGURES)}, their "
+                f"unknown figure {key!r} in {cid} (expected one of {', '.join(_gated())}, their "
                 "_ci intervals, _runs and _runs_ci, tolerance)",
             )
         metric, suffix = parts
@@ -325,6 +339,8 @@ def _cell(
         runs,
         ungated=_commented(text, header, limits),
         own_tolerance=own,
+        server=server,
+        server_runs=server_runs,
     )
 
 
@@ -541,22 +557,14 @@ _Figures = list[tuple[str, FigureRuns, bool]]
 
 
 def _record_figures(rec: CellRecord) -> _Figures:
-    """A valid record's figures in the file's order: floors gated, ceilings commented out."""
-
-    def one(metric: str) -> FigureRuns:
-        return FigureRuns((float(getattr(rec, metric)),), (getattr(rec, f"{metric}_ci"),))
-
-    if rec.phase is Phase.PREFILL:
-        assert rec.prompt_tok_s is not None and rec.ttft_ms is not None
-        return [("prompt_tok_s", one("prompt_tok_s"), True), ("ttft_ms", one("ttft_ms"), False)]
-    assert rec.total_tok_s is not None
-    out: _Figures = [("total_tok_s", one("total_tok_s"), True)]
-    if rec.per_request_tok_s:
-        out.append(("per_request_tok_s", one("per_request_tok_s"), True))
-    if rec.ttft_ms:
-        out.append(("ttft_ms", one("ttft_ms"), False))
-    if rec.tbt_ms:
-        out.append(("tbt_ms", one("tbt_ms"), False))
+    """A valid record's figures in the file's order: floors gated, ceilings commented out;
+    a figure the record lacks (or measured as 0, no limit) is left out."""
+    out: _Figures = []
+    for f in figures.gated():
+        value = getattr(rec, f.key) if f.in_phase(rec.phase) else None
+        if value:
+            ci = getattr(rec, f.ci_key) if f.ci else None
+            out.append((f.key, FigureRuns((float(value),), (ci,)), f.gate is Gate.FLOOR))
     return out
 
 
@@ -566,9 +574,19 @@ _HEADER = [
     "# edit freely.",
     "# Gate a run with:  pytest --llm-baseline=THIS_FILE ...",
 ]
+
+
+def _cells_header() -> list[str]:
+    floors = ", ".join(f.key for f in figures.floors())
+    ceilings = ", ".join(f.key for f in figures.ceilings())
+    return [
+        f"# Per cell: floors ({floors}) and optional ceilings",
+        f"# ({ceilings}: uncomment to gate latency). 'tolerance = 0.1' overrides the default.",
+        *_CELLS_HEADER,
+    ]
+
+
 _CELLS_HEADER = [
-    "# Per cell: floors (total_tok_s, per_request_tok_s, prompt_tok_s) and optional ceilings",
-    "# (ttft_ms, tbt_ms: uncomment to gate latency). 'tolerance = 0.1' overrides the default.",
     "# A figure's 95 % interval (NAME_ci = [low, high]) makes the gate allow for noise: a",
     "# figure fails only when past its limit and worse than its reference beyond the noise",
     "# of both (docs/gate.md).",
@@ -585,7 +603,7 @@ _RUNS_HEADER = [
 def _render(
     run: Mapping[str, Any],
     tolerance: float,
-    cells: Sequence[tuple[str, _Figures, float | None]],
+    cells: Sequence[tuple[str, _Figures, float | None, _Server]],
     runs: int,
 ) -> str:
     several = runs > 1
@@ -607,18 +625,56 @@ def _render(
         f"tolerance = {tolerance!r}  # a cell fails when worse than its reference by more than "
         "this fraction",
         "",
-        *_CELLS_HEADER,
+        *_cells_header(),
     ]
     if several:
         lines += _RUNS_HEADER
-    for cid, figures, own in cells:
+    for cid, written, own, server in cells:
         lines += ["", f'[cells."{cid}"]']
-        for metric, figure_runs, gated in figures:
-            nd = _DIGITS.get(metric, 1)
+        for metric, figure_runs, gated in written:
+            nd = figures.by_key(metric).digits
             lines += _figure(metric, figure_runs, nd, "" if gated else "# ")
         if own is not None:
             lines.append(f"tolerance = {own!r}")
+        if server is not None and server[0].scalars():
+            figs, count = server
+            lines += ["", f'[cells."{cid}".server]  # {_SERVER_COMMENT}', f"runs = {count}"]
+            lines += [f"{name} = {_significant(v)!r}" for name, v in figs.scalars()]
     return "\n".join(lines) + "\n"
+
+
+#: a cell's server figures as written: (the mean over runs, how many runs)
+_Server = tuple[ServerFigures, int] | None
+_SERVER_COMMENT = "the server's own figures, mean of the runs: why a cell changed (not gated)"
+
+
+def _significant(value: float | int) -> float | int:
+    """A server figure to 5 significant digits (counts stay integers)."""
+    if isinstance(value, int) or value == 0:
+        return value
+    return float(f"{value:.5g}")
+
+
+def _server_of(rec: CellRecord) -> _Server:
+    return (rec.server, 1) if rec.server is not None else None
+
+
+def _mean_server(entry: CellBaseline, rec: CellRecord | None) -> _Server:
+    """The entry's server figures with this run's added to their mean (counts too: a mean
+    count per window)."""
+    old = (entry.server, entry.server_runs) if entry.server is not None else None
+    new = rec.server if rec is not None else None
+    if new is None:
+        return old
+    if old is None:
+        return (new, 1)
+    figs, k = old
+    merged: dict[str, float] = {}
+    before = dict(figs.scalars())
+    for name, value in new.scalars():
+        prior = before.get(name)
+        merged[name] = value if prior is None else (prior * k + value) / (k + 1)
+    return (ServerFigures.from_dict(merged), k + 1)
 
 
 def render(
@@ -630,7 +686,9 @@ def render(
     """The baseline file's text for the valid cells of one run's ``records``, and their
     number."""
     cells = [
-        (str(rec.id), _record_figures(rec), None) for rec in records if rec.status is Status.VALID
+        (str(rec.id), _record_figures(rec), None, _server_of(rec))
+        for rec in records
+        if rec.status is Status.VALID
     ]
     return _render({"date": date, **run}, tolerance, cells, 1), len(cells)
 
@@ -642,12 +700,12 @@ def render_added(
     cells written. The [run] table keeps the first run's settings and counts the runs and
     their dates."""
     valid = {str(r.id): r for r in records if r.status is Status.VALID}
-    cells: list[tuple[str, _Figures, float | None]] = []
+    cells: list[tuple[str, _Figures, float | None, _Server]] = []
     for cid, entry in baseline.cells.items():
         rec = valid.pop(cid, None)
         new = {m: r for m, r, _ in _record_figures(rec)} if rec is not None else {}
-        figures: _Figures = []
-        for metric in FIGURES:
+        found: _Figures = []
+        for metric in _gated():
             gated = metric in entry.limits
             if gated:
                 runs = entry.figure_runs(metric)
@@ -657,11 +715,10 @@ def render_added(
                 continue  # not in the file (removed by hand): not added back
             if metric in new:
                 runs = runs.add(new[metric].values[0], new[metric].intervals[0])
-            figures.append((metric, runs, gated))
-        figures.sort(key=lambda f: _ORDER.index(f[0]))
-        cells.append((cid, figures, entry.own_tolerance))
+            found.append((metric, runs, gated))
+        cells.append((cid, found, entry.own_tolerance, _mean_server(entry, rec)))
     for cid, rec in valid.items():
-        cells.append((cid, _record_figures(rec), None))
+        cells.append((cid, _record_figures(rec), None, _server_of(rec)))
     count = sum(1 for r in records if r.status is Status.VALID)
     info = dict(baseline.run)
     dates = info.pop("dates", None)
@@ -672,7 +729,3 @@ def render_added(
     first["runs"] = baseline.runs + 1
     first["dates"] = [*dates, date]
     return _render({**first, **info}, baseline.tolerance, cells, baseline.runs + 1), count
-
-
-#: the order figures are written in
-_ORDER = ("prompt_tok_s", "total_tok_s", "per_request_tok_s", "ttft_ms", "tbt_ms")

@@ -25,7 +25,8 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..results import METRIC_NAMES, CellRecord, Check, GateVerdict, Outcome, Status
+from .. import figures
+from ..results import CellRecord, Check, GateVerdict, Outcome, Phase, Status
 from .baseline import Baseline, CellBaseline
 from .noise import Spread, reference_se, with_attempts
 
@@ -87,10 +88,39 @@ def verdict(
         return GateVerdict(Outcome.NOT_MEASURED)
     found = checks(entry, attempts, fresh_starts)
     if any(c.regressed for c in found):
-        return GateVerdict(Outcome.REGRESSION, found)
+        return GateVerdict(Outcome.REGRESSION, found, why(entry, attempts))
     if any(c.improved for c in found):
-        return GateVerdict(Outcome.IMPROVEMENT, found)
+        return GateVerdict(Outcome.IMPROVEMENT, found, why(entry, attempts))
     return GateVerdict(Outcome.PASS, found)
+
+
+def why(entry: CellBaseline, attempts: Sequence[CellRecord]) -> str:
+    """Why the cell changed against its baseline, from the baseline's server figures (the mean
+    of its runs) and the latest attempt's (gate/explain.py); "" when either has none. Decode:
+    total tok/s, the reference against the attempts' mean; prefill: the cold TTFT."""
+    from .explain import Explanation, Side, explain
+
+    latest = attempts[-1]
+    if entry.server is None or latest.server is None:
+        return ""
+    if latest.phase is Phase.DECODE:
+        kind, key = "decode", "total_tok_s"
+        reference: float | None = entry.limits.get(key)
+    else:
+        kind, key = "prefill", "ttft_ms"
+        runs = entry.ungated.get(key)
+        reference = runs.mean if runs is not None else None
+    measured = [float(v) for a in attempts if isinstance(v := getattr(a, key), int | float)]
+    if not reference or not measured:
+        return ""
+    found = explain(
+        entry.id,
+        kind,  # type: ignore[arg-type]
+        Side(reference, entry.server),
+        Side(sum(measured) / len(measured), latest.server),
+        concurrency=latest.id.concurrency,
+    )
+    return found.line() if isinstance(found, Explanation) else ""
 
 
 def wants_another(
@@ -121,7 +151,9 @@ def gated(record: CellRecord, result: GateVerdict, attempts: Sequence[CellRecord
         changes["attempts"] = tuple({k: getattr(a, k, None) for k in keys} for a in attempts)
     if result.outcome is Outcome.REGRESSION:
         changes["status"] = Status.FAILED
-        changes["reason"] = "; ".join(c.message() for c in result.regressions)
+        changes["reason"] = "; ".join(c.message() for c in result.regressions) + (
+            f"; why: {result.why}" if result.why else ""
+        )
     return dataclasses.replace(record, **changes)  # type: ignore[arg-type]
 
 
@@ -157,7 +189,7 @@ class Accounting:
         if self.spread_unknown:
             return SPREAD_UNKNOWN
         shown = ", ".join(
-            f"{METRIC_NAMES[m]} {s.sigma:.1%} ({s.dof} d.f.)"
+            f"{figures.by_key(m).label} {s.sigma:.1%} ({s.dof} d.f.)"
             for m, s in self.spread
             if s.sigma is not None
         )

@@ -24,6 +24,8 @@ from enum import Enum
 
 from tabulate import tabulate
 
+from .. import figures
+from ..gate.explain import Explanation, Side, change_noise, explain
 from ..results import CellRecord, Phase, Results, Status, order_contexts
 
 DEFAULT_TOLERANCE = 0.05
@@ -77,6 +79,9 @@ class CellChange:
     threshold: float | None
     verdict: Verdict
     why: str = ""  # the statuses, when a side has no figure
+    #: why it changed, from both runs' server figures (gate/explain.py): for a regression or
+    #: an improvement, and for any cell with a finding (preemptions 0 → 41, ...); "" otherwise
+    explanation: str = ""
 
     @property
     def change(self) -> float | None:
@@ -92,6 +97,8 @@ class Comparison:
     differences: tuple[str, ...]  # expected (engine version) and not (settings, model)
     warnings: tuple[str, ...]
     cells: tuple[CellChange, ...]
+    #: why no cell's change is explained, when a run has no server figures at all
+    unexplained: str | None = None
 
     def count(self, verdict: Verdict) -> int:
         return sum(1 for c in self.cells if c.verdict is verdict)
@@ -102,16 +109,17 @@ class Comparison:
 
 
 def headline(cell: CellRecord) -> tuple[str, float | None]:
-    if cell.phase is Phase.PREFILL:
-        return "prompt_tok_s", cell.prompt_tok_s if cell.measured else None
-    return "total_tok_s", cell.total_tok_s if cell.measured else None
+    """The figure a cell is compared by (:func:`.figures.headline` of its phase) and its
+    value (None when the cell was not measured)."""
+    f = figures.headline(cell.phase)
+    return f.key, getattr(cell, f.key) if cell.measured else None
 
 
 def relative_noise(cell: CellRecord) -> float | None:
     """The relative standard error of a cell's headline figure within its run, or None."""
     parts: list[float] = []
     metric, value = headline(cell)
-    ci = cell.total_tok_s_ci if cell.phase is Phase.DECODE else cell.prompt_tok_s_ci
+    ci = getattr(cell, figures.by_key(metric).ci_key, None)
     if ci is not None and value:
         # the figure's 95 % interval (batch means, which allow for autocorrelation): ±1.96 se
         parts.append(max(value - ci[0], ci[1] - value) / value / 1.96)
@@ -131,6 +139,54 @@ def relative_noise(cell: CellRecord) -> float | None:
         mad = statistics.median(abs(t - mid) for t in ttfts) * 1.4826
         parts.append(mad / mid / math.sqrt(len(ttfts)))
     return max(parts) if parts else None
+
+
+def explanation(a: CellRecord, b: CellRecord, verdict: Verdict) -> str:
+    """Why the cell changed, in one line (``decode[32K-c8] −10.3%: acceptance length 2.41 →
+    1.93 (−19.9%), steps/s ...``): for a regression or an improvement, or when the server's
+    figures hold a finding by themselves; "" when either run has no server figures for it."""
+    if a.server is None or b.server is None or not (a.measured and b.measured):
+        return ""
+    if a.phase is Phase.DECODE:
+        kind, fa, fb = "decode", a.total_tok_s, b.total_tok_s
+        noise = change_noise(fa or 0.0, a.total_tok_s_ci, fb or 0.0, b.total_tok_s_ci)
+    else:
+        kind, fa, fb = "prefill", a.ttft_ms, b.ttft_ms
+        noise = change_noise(fa or 0.0, a.ttft_ms_ci, fb or 0.0, b.ttft_ms_ci)
+    if not fa or not fb:
+        return ""
+    found = explain(
+        str(a.id),
+        kind,  # type: ignore[arg-type]
+        Side(fa, a.server),
+        Side(fb, b.server),
+        noise={"total": noise} if noise is not None else None,
+        concurrency=a.id.concurrency,
+    )
+    if not isinstance(found, Explanation):
+        return ""
+    if verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT) or found.findings:
+        return found.line()
+    return ""
+
+
+def _unexplained(old: Results, new: Results) -> str | None:
+    """One line when a run has no server figures at all (a file written before them, or a
+    server without /metrics): no cell's change can be explained."""
+
+    def has(r: Results) -> bool:
+        return any(c.server is not None for c in r.cells)
+
+    if has(old) and has(new):
+        return None
+    if not (has(old) or has(new)):
+        which = "neither run has server figures"
+    else:
+        which = f"the {'old' if not has(old) else 'new'} run has no server figures"
+    return (
+        f"{which} (a results file written before them, or a server without /metrics): the "
+        "changes are not explained"
+    )
 
 
 def compare(old: Results, new: Results, tolerance: float = DEFAULT_TOLERANCE) -> Comparison:
@@ -197,6 +253,7 @@ def compare(old: Results, new: Results, tolerance: float = DEFAULT_TOLERANCE) ->
                 threshold,
                 verdict,
                 why,
+                explanation(a, b, verdict) if a is not None and b is not None else "",
             )
         )
     return Comparison(
@@ -205,6 +262,7 @@ def compare(old: Results, new: Results, tolerance: float = DEFAULT_TOLERANCE) ->
         differences=tuple(differences),
         warnings=tuple(warnings),
         cells=tuple(changes),
+        unexplained=_unexplained(old, new),
     )
 
 
@@ -232,6 +290,14 @@ def lines(cmp: Comparison, old_path: str) -> list[str]:
                 f"  {word} {c.cid} {c.metric} {c.old:,.1f} → {c.new:,.1f}: "
                 f"{fmt_change(c.change)} (noise threshold ±{c.threshold:.1%})"
             )
+            if c.explanation:
+                out.append(f"      why: {c.explanation}")
+        elif c.explanation:
+            out.append(f"  finding     {c.explanation}")
+    if cmp.unexplained and any(
+        c.verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT) for c in cmp.cells
+    ):
+        out.append(f"  note: {cmp.unexplained}")
     return out
 
 
@@ -276,8 +342,15 @@ def markdown(cmp: Comparison, old_path: str, new_path: str) -> str:
         parts += ["**Regressions**", ""]
         parts += [
             f"- `{c.cid}` {c.metric} {c.old:,.1f} → {c.new:,.1f}: {fmt_change(c.change)}"
+            + (f" — why: {c.explanation}" if c.explanation else "")
             for c in regressions
         ]
+    findings = [c for c in cmp.cells if c.explanation and c.verdict is not Verdict.REGRESSION]
+    if findings:
+        parts += ["", "**Why cells changed, and findings**", ""]
+        parts += [f"- {c.explanation}" for c in findings]
+    if cmp.unexplained and regressions:
+        parts += ["", f"_{cmp.unexplained}_"]
     return "\n".join(parts) + "\n"
 
 

@@ -67,6 +67,11 @@ def summary(title: str, cells: list[CellRecord], notes: list[str]) -> str:
         if replicas:
             lines += ["**Per replica** (total tok/s of each)", "", *replicas, ""]
     if regressions:
-        lines += ["**Regressions**", ""] + [f"- `{r}`" for r in regressions] + [""]
+        lines += ["**Regressions**", ""] + [f"- `{r}`" for r in regressions]
+        why = [c.gate.why for c in cells if c.gate and c.gate.regressions and c.gate.why]
+        if why:
+            lines += ["", "**Why** (the server's own figures against the baseline's)", ""]
+            lines += [f"- {w}" for w in why]
+        lines.append("")
     lines += [f"> {n}" for n in notes]
     return "\n".join(lines) + "\n"

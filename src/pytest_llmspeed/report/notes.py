@@ -16,8 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..core.intervals import LITTLE_TOLERANCE, drift_noted
+from ..core.intervals import LITTLE_TOLERANCE, counter_gap, drift_noted
 from ..results import CellRecord, Phase
+
+#: token accountings that are estimates: the counter's disagreement fails such a cell
+ESTIMATED = ("chunk-count", "ratio", "tokenize")
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,12 @@ IN_FLIGHT = NoteKind(
     "(late restarts or failing requests)",
     "in flight",
 )
+COUNTER_LAG = NoteKind(
+    "the server's generation counter disagreed with the tokens received, no other client on "
+    "the server: it counts tokens before it streams them (a lagging API server); the figures "
+    "are the tokens received",
+    "counter lag",
+)
 #: the order kinds are said in
 KINDS = (
     QUEUED,
@@ -65,6 +74,7 @@ KINDS = (
     PRECISION_NOT_REACHED,
     DRIFT,
     IN_FLIGHT,
+    COUNTER_LAG,
 )
 
 
@@ -121,6 +131,10 @@ def cell_notes(c: CellRecord) -> list[CellNote]:
                 ),
             )
         )
+    gap = counter_gap(c.generation_tokens_delta, c.received_span, c.concurrency or 1)
+    refuted = (c.reason or "").startswith("the server's generation counter")  # failed for it
+    if gap is not None and not refuted and c.tokens not in ESTIMATED:
+        notes.append(CellNote(COUNTER_LAG, f"{gap:+.1%}".replace("-", "−")))
     return notes
 
 

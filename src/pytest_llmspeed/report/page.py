@@ -14,11 +14,14 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from .. import figures
 from ..results import CellRecord, Outcome, Phase, Results, Status, order_contexts
 from .charts import Series, line_chart
 from .compare import Comparison, Verdict, change_matrix, fmt_change
 from .notes import by_kind, cell_flags, which
-from .terminal import fmt_ci_ms, fmt_ms, fmt_rate, fmt_tbt, pm
+from .server import not_exposed
+from .server import table as server_table
+from .terminal import fmt_ci_ms, fmt_ms, fmt_rate, fmt_tbt, further_figures, pm
 
 PREFILL_HINT = (
     "prompt tok/s by context length: the first request at each context, on a cold cache "
@@ -127,7 +130,7 @@ def _blocks(results: Results) -> list[dict[str, Any]]:
                 ("API", f"{run.api or s.get('api', '—')} ({prompt} prompts)"),
                 ("Decode test", "Fixed duration"),
                 ("Time per measurement", f"{s.get('duration_s', '?')} s"),
-                ("Max output", f"{s.get('max_output', '?'):,} tokens"),
+                ("Max output", _tokens(s.get("max_output"))),
                 (
                     "Prefill mode",
                     "Measured during decode warm-up"
@@ -376,8 +379,16 @@ def _comparison(cmp: Comparison) -> dict[str, Any]:
     from .compare import summary_line
 
     lines.append({"text": summary_line(cmp), "cls": ""})
+    why = [
+        {"cls": cls.get(c.verdict, ""), "text": c.explanation} for c in cmp.cells if c.explanation
+    ]
+    if cmp.unexplained and any(c.verdict in cls for c in cmp.cells):
+        lines.append({"text": cmp.unexplained, "cls": "sub"})
     return {
+        "why": why,
         "old_label": cmp.old_label,
+        "decode_figure": figures.headline(Phase.DECODE).label,
+        "prefill_figure": figures.headline(Phase.PREFILL).label,
         "header": lines,
         "columns": header,
         "rows": [{"label": ctx, "cells": [cell(c) for c in cells]} for ctx, cells in rows],
@@ -394,6 +405,8 @@ def render_page(results: Results, comparison: Comparison | None = None) -> Page:
     prefill = [c for c in cells if c.phase is Phase.PREFILL]
     where = run.metadata.get("hardware") or run.metadata.get("gpu") or run.engine or "a server"
     columns, matrix_rows = _matrix(decode)
+    further_header, further_rows = further_figures(cells)
+    server_header, server_rows = server_table(cells)
     template = _environment().get_template("page.html.j2")
     html = template.render(
         tool=run.tool,
@@ -411,6 +424,11 @@ def render_page(results: Results, comparison: Comparison | None = None) -> Page:
         charts=[_markup(c) for c in _charts(results)],
         details_header=DETAILS_HEADER,
         details_rows=_details(cells),
+        further_header=further_header,
+        further_rows=further_rows,
+        server_header=server_header,
+        server_rows=server_rows,
+        server_missing=not_exposed(cells),
         cell_notes=[
             {"heading": kind.heading, "cells": which(concerned)}
             for kind, concerned in by_kind(cells)
@@ -431,3 +449,8 @@ def _markup(svg: str) -> Any:
     import markupsafe
 
     return markupsafe.Markup(svg)
+
+
+def _tokens(value: object) -> str:
+    """A token count for the header ("?" when the run did not record it)."""
+    return f"{value:,} tokens" if isinstance(value, int) else "? tokens"

@@ -6,9 +6,12 @@ from collections.abc import Callable
 
 from tabulate import tabulate
 
+from .. import figures
 from ..gate.verdict import Accounting
 from ..results import CellRecord, Phase, Status, order_contexts
 from .notes import note_lines
+from .server import not_exposed
+from .server import table as server_table
 
 _COMPACT_MARK = {
     Status.VALID: "",
@@ -177,6 +180,19 @@ def details_table(cells: list[CellRecord]) -> str:
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
+def further_figures(cells: list[CellRecord]) -> tuple[list[str], list[list[str]]]:
+    """The listed figures (:func:`.figures.listed`) the cells have, as a table: the header (the
+    cell, each figure's label) and a row per cell that has any (— where it lacks one); nothing
+    when no cell has one."""
+    shown = [f for f in figures.listed() if any(getattr(c, f.key) is not None for c in cells)]
+    rows = [
+        [str(c.id), *(figures.text(f, getattr(c, f.key)) for f in shown)]
+        for c in cells
+        if any(getattr(c, f.key) is not None for f in shown)
+    ]
+    return (["Cell", *(f.label for f in shown)], rows) if shown else ([], [])
+
+
 def replica_line(c: CellRecord) -> str:
     """A decode cell's total tok/s next to each replica's."""
     each = " · ".join(fmt_rate(x) for x in c.replica_tok_s or ())
@@ -204,6 +220,31 @@ def render(cells: list[CellRecord], width: int, verbose: bool, notes: list[str])
         lines += [replica_line(c) for c in decode if c.replica_tok_s]
     if verbose and cells:
         lines += ["", "All measurements", details_table(cells)]
+        header, rows = further_figures(cells)
+        if rows:
+            table = tabulate(
+                rows,
+                headers=header,
+                tablefmt="simple",
+                disable_numparse=True,
+                colalign=("left",) + ("right",) * (len(header) - 1),
+            )
+            lines += ["", "More figures", table]
+        header, rows = server_table(cells)
+        if rows:
+            lines += ["", "The server's own figures (its /metrics over each window)"]
+            lines.append(
+                tabulate(
+                    rows,
+                    headers=header,
+                    tablefmt="simple",
+                    disable_numparse=True,
+                    colalign=("left",) + ("right",) * (len(header) - 1),
+                )
+            )
+    missing = not_exposed(cells)
+    if missing:
+        lines.append(f"note: {missing}")
     lines += [f"note: {n}" for n in notes]
     return lines
 

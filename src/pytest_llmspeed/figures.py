@@ -1,0 +1,194 @@
+"""The figures a cell records, in one list: what each is called, where it is written, how it is
+gated.
+
+The results model (its file's keys, their order and types, the JUnit properties), the baseline
+file (floors, commented-out ceilings, their decimals), the gate's words and ``compare``'s
+headline read :data:`FIGURES`; adding a figure is one :class:`Figure` here, a typed field of
+:class:`~pytest_llmspeed.results.CellRecord` and the code that computes it (docs/design.md,
+"Adding a figure"). The order of :data:`FIGURES` is the order a cell writes its figures in (the
+results file, the JUnit properties, the baseline). Imports nothing of the project.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Literal
+
+#: the phase of the cells that record a figure
+Where = Literal["prefill", "decode", "both"]
+
+
+class Gate(StrEnum):
+    """How the gate reads a figure against its baseline."""
+
+    FLOOR = "floor"  # higher is better: a later run must not fall below it (gated)
+    CEILING = "ceiling"  # lower is better: written commented out, gated once uncommented
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of a cell (units as docs/metrics.md gives them)."""
+
+    key: str  # the results file's key, the record's field
+    phase: Where
+    label: str  # in messages: "total tok/s", "TTFT ms"
+    unit: str = ""  # "tok/s", "ms", "s"; "" for counts, ratios and words
+    digits: int = 1  # decimals the baseline writes it with
+    #: the value's type: float, int, str, bool, dict (counts by kind), tuple (a series)
+    kind: type = float
+    #: the JUnit property's name ("" = the key); None: not a property (not a scalar, or internal)
+    junit: str | None = ""
+    optional: bool = False  # written only when known (else a measured cell writes it, null too)
+    gate: Gate | None = None
+    ci: bool = False  # a 95 % interval beside it: KEY_ci = [low, high]
+    headline: bool = False  # the figure compare judges its phase's cells by
+    #: listed with a cell's further figures (the terminal's -v, the page's measurements); the
+    #: others have their place in the tables' own layout, or none
+    listed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.junit == "":
+            object.__setattr__(self, "junit", self.key)
+
+    @property
+    def ci_key(self) -> str:
+        return f"{self.key}_ci"
+
+    def in_phase(self, phase: str) -> bool:
+        """Recorded by cells of ``phase`` ("prefill", "decode", or a Phase)."""
+        return self.phase == "both" or self.phase == phase
+
+
+_F = Figure
+_FLOOR, _CEILING = Gate.FLOOR, Gate.CEILING
+
+FIGURES: tuple[Figure, ...] = (
+    _F("total_tok_s", "decode", "total tok/s", "tok/s", gate=_FLOOR, ci=True, headline=True),
+    _F("per_request_tok_s", "decode", "per-request tok/s", "tok/s", gate=_FLOOR, ci=True),
+    _F("prompt_tok_s", "prefill", "prompt tok/s", "tok/s", gate=_FLOOR, ci=True, headline=True),
+    _F("ttft_ms", "both", "TTFT ms", "ms", gate=_CEILING, ci=True),
+    _F("ttft_p90_ms", "decode", "TTFT p90 ms", "ms"),
+    _F("ttft_p99_ms", "decode", "TTFT p99 ms", "ms"),
+    _F("tbt_ms", "decode", "time between tokens ms", "ms", digits=3, gate=_CEILING, ci=True),
+    _F("tbt_p90_ms", "decode", "time between tokens p90 ms", "ms", digits=3),
+    _F("tbt_p99_ms", "decode", "time between tokens p99 ms", "ms", digits=3),
+    _F("avg_active", "decode", "average active requests", digits=3),
+    _F("completed", "both", "completed requests", kind=int),
+    _F("max_tokens", "prefill", "max tokens of a cold request", kind=int, junit=None),
+    _F("repeats", "prefill", "cold requests", kind=int, junit=None),
+    _F("output_tokens", "decode", "output tokens", kind=int),
+    _F("measured_s", "decode", "measured for", "s", digits=3),
+    _F("requests", "decode", "requests started", kind=int),
+    _F("errors", "decode", "errors", kind=int),
+    _F("error_summary", "decode", "errors by kind", kind=dict, junit=None),
+    _F("early_stops", "decode", "early stops", kind=int),
+    _F("wrong_prompt_lengths", "decode", "prompts at another length", kind=dict, junit=None),
+    _F("tokens", "decode", "token accounting", kind=str),
+    _F("queued", "decode", "queued", kind=bool),
+    _F("effective_concurrency", "decode", "requests running on the server", digits=2),
+    _F("max_waiting", "decode", "most requests waiting", junit=None),
+    _F("stability_cv", "decode", "per-second throughput's variation", digits=4),
+    _F("per_second_tok", "decode", "tokens each second", kind=tuple, junit=None),
+    _F("received_tokens", "decode", "tokens received", kind=int, junit=None),
+    _F("received_chunks", "decode", "chunks received", kind=int, junit=None),
+    _F("generation_tokens_delta", "decode", "server's generation tokens", junit=None),
+    _F("received_span", "decode", "tokens received, bracket", kind=tuple, junit=None),
+    _F("max_output", "decode", "max output tokens", kind=int, junit=None),
+    _F("duration_s", "decode", "window", "s", junit=None),
+    # written only when known
+    _F("ci_method", "decode", "interval method", kind=str, junit=None, optional=True),
+    _F("precision", "decode", "precision reached", digits=4, optional=True),
+    _F("window_end", "decode", "window ended at", kind=str, optional=True),
+    _F("drift", "decode", "drift", digits=4, optional=True),
+    _F("little_residual", "decode", "Little's law residual", digits=4, optional=True),
+)
+
+
+def by_key(key: str) -> Figure:
+    """The figure written under ``key``; KeyError naming the known ones otherwise."""
+    for f in FIGURES:
+        if f.key == key:
+            return f
+    raise KeyError(f"no figure {key!r} (figures: {', '.join(f.key for f in FIGURES)})")
+
+
+def find(key: str) -> Figure | None:
+    return next((f for f in FIGURES if f.key == key), None)
+
+
+def keys() -> tuple[str, ...]:
+    return tuple(f.key for f in FIGURES)
+
+
+def of_phase(phase: str, optional: bool | None = None) -> tuple[Figure, ...]:
+    """The figures cells of ``phase`` record, in order; ``optional`` True / False: only the
+    figures written only when known / the ones a measured cell always writes."""
+    return tuple(
+        f for f in FIGURES if f.in_phase(phase) and (optional is None or f.optional is optional)
+    )
+
+
+def floors() -> tuple[Figure, ...]:
+    return tuple(f for f in FIGURES if f.gate is Gate.FLOOR)
+
+
+def ceilings() -> tuple[Figure, ...]:
+    return tuple(f for f in FIGURES if f.gate is Gate.CEILING)
+
+
+def gated() -> tuple[Figure, ...]:
+    """The figures a baseline may hold (floors and ceilings), in order."""
+    return tuple(f for f in FIGURES if f.gate is not None)
+
+
+def gate_of(key: str) -> Gate | None:
+    f = find(key)
+    return None if f is None else f.gate
+
+
+def with_interval() -> tuple[Figure, ...]:
+    """The figures with a 95 % interval, in the order the intervals are written: the decode
+    cells' figures first, then the prefill cells' only (the order of 0.2, kept)."""
+    ci = [f for f in FIGURES if f.ci]
+    return (*[f for f in ci if f.phase != "prefill"], *[f for f in ci if f.phase == "prefill"])
+
+
+def headline(phase: str) -> Figure:
+    """The figure a cell of ``phase`` is compared by (total tok/s, prompt tok/s)."""
+    return next(f for f in FIGURES if f.headline and f.in_phase(phase))
+
+
+def listed() -> tuple[Figure, ...]:
+    return tuple(f for f in FIGURES if f.listed)
+
+
+def text(figure: Figure, value: Any) -> str:
+    """A value in a table: its decimals, thousands separated; — where there is none."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.{figure.digits}f}"
+    return str(value)
+
+
+def read(figure: Figure, value: Any) -> Any:
+    """A value as the results file gives it, as the record keeps it (a series as a tuple)."""
+    if value is not None and figure.kind is tuple:
+        return tuple(value)
+    return value
+
+
+def written(value: Any) -> Any:
+    """A record's value as the results file writes it (a tuple as a list, a mapping as a
+    dict)."""
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
