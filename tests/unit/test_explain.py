@@ -156,6 +156,25 @@ def test_running_capped_below_the_concurrency_names_running_and_the_queue():
     )
 
 
+def test_requests_that_queued_are_a_finding_from_the_histograms_when_the_polls_saw_none():
+    # real vLLM on 2 busy cores, --max-num-seqs 1 at c2: the polls read no waiting request (a
+    # starved API server updates its gauges late) while each request queued 0.74 s
+    old = replace(BASE, queue_time_mean_s=0.00003, prefill_time_mean_s=0.02, decode_time_mean_s=0.8)
+    new = replace(old, queue_time_mean_s=0.74)
+    got = findings("decode", old, new)
+    assert [(f.key, f.text) for f in got] == [
+        ("queue_time", "requests queued 0 → 740 ms each before running (47% of their time in "
+         "the server)"),
+    ]  # fmt: skip
+    # below the share, or already queued before, or said by the gauges: no such finding
+    assert findings("decode", old, replace(old, queue_time_mean_s=0.05)) == ()
+    assert findings("decode", new, replace(new, queue_time_mean_s=1.0)) == ()
+    waited = replace(new, waiting_mean=1.0, waiting_max=1.0)
+    assert [f.key for f in findings("decode", old, waited)] == ["queued"]
+    # a server without the histograms: nothing read from them
+    assert findings("decode", replace(old, decode_time_mean_s=None), new) == ()
+
+
 def test_preemptions_from_none_are_a_finding_even_when_throughput_held():
     got = decode(BASE, replace(BASE, preemptions=41, steps_per_s=41.2))
     assert got.moved == ()
@@ -260,7 +279,7 @@ def test_a_prefill_that_queued_names_queue_time():
     assert isinstance(got, Explanation)
     assert [p.key for p in got.moved] == ["queue_ms"]
     assert got.line() == (
-        "prefill[32K] +35.2%: queue time 0 → 410 ms (+409.9 ms), prefill time 1,170 → 1,180 ms"
+        "prefill[32K] TTFT +35.2%: queue time 0 → 410 ms (+409.9 ms), prefill time 1,170 → 1,180 ms"
     )
 
 

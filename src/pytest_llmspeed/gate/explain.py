@@ -55,6 +55,11 @@ NOISE_FLOOR = 0.03
 PREFIX_SHIFT = 0.25
 #: mean waiting requests from which a cell counts as queued
 QUEUED = 0.5
+#: the share of a finished request's time in the engine (queue + prefill + decode) spent in its
+#: queue from which a cell counts as queued, read from the histograms when the polls saw no
+#: waiting: a starved API server updates the gauges late (real vLLM on 2 busy cores: mean
+#: waiting 0 with --max-num-seqs 1 at c2, while each request queued 0.74 s)
+QUEUE_SHARE = 0.1
 
 RESIDUAL_DECODE = "other (prefill in the window, the client)"
 RESIDUAL_PREFILL = "other (client, API server)"
@@ -151,7 +156,10 @@ class Explanation:
     def line(self) -> str:
         """One line, e.g. ``decode[32K-c8] −10.3%: acceptance length 2.41 → 1.93 (−19.9%),
         steps/s 41.0 → 45.9 (+12.0%), running 8 → 8; preemptions 0 → 41``."""
-        head = f"{self.cell} {_pct(self.change)}: "
+        # a prefill cell's change is its TTFT's (up is slower), said so beside the prompt tok/s
+        # a comparison shows
+        figure = "TTFT " if self.kind == "prefill" else ""
+        head = f"{self.cell} {figure}{_pct(self.change)}: "
         if self.decomposition is None:
             body = self.note or "no decomposition"
         elif self.moved:
@@ -311,7 +319,9 @@ def findings(
     """Changes that are a finding by themselves, even when the cell's figure held:
     preemptions that appeared (0 → N) or at least doubled; a prefix cache hit rate that moved
     by ``PREFIX_SHIFT`` or more (a decode cell's warm prefix that stopped hitting); requests
-    that queue (mean waiting from below ``QUEUED`` to at or above it); and, given the cell's
+    that queue (mean waiting from below ``QUEUED`` to at or above it; else, from the
+    histograms, the share of a request's time spent queued from below ``QUEUE_SHARE`` to at or
+    above it); and, given the cell's
     ``concurrency``, a server that ran all of it at once before and no longer does."""
     out: list[Finding] = []
     a, b = old.preemptions, new.preemptions
@@ -332,6 +342,21 @@ def findings(
         reasons = [r for r, mean, _ in new.waiting_by_reason or () if mean >= QUEUED]
         why = f" ({', '.join(reasons)})" if reasons else ""
         out.append(Finding("queued", wa, wb, f"requests waiting {_pair(wa, wb, 1)}{peak}{why}"))
+    sa, sb = _queue_share(old), _queue_share(new)
+    ta, tb = old.queue_time_mean_s, new.queue_time_mean_s
+    if (
+        not any(f.key == "queued" for f in out)
+        and sa is not None
+        and sb is not None
+        and ta is not None
+        and tb is not None
+        and sa < QUEUE_SHARE <= sb
+    ):
+        text = (
+            f"requests queued {_pair(ta * 1000, tb * 1000)} ms each before running "
+            f"({sb:.0%} of their time in the server)"
+        )
+        out.append(Finding("queue_time", ta, tb, text))
     ra, rb = old.running_max, new.running_max
     if concurrency and ra is not None and rb is not None and ra >= concurrency > rb:
         out.append(
@@ -343,6 +368,14 @@ def findings(
             )
         )
     return tuple(out)
+
+
+def _queue_share(f: ServerFigures) -> float | None:
+    """The share of its time in the engine a finished request spent queued, or None."""
+    q, p, d = f.queue_time_mean_s, f.prefill_time_mean_s, f.decode_time_mean_s
+    if q is None or p is None or d is None or q + p + d <= 0:
+        return None
+    return q / (q + p + d)
 
 
 def explain(
