@@ -181,6 +181,9 @@ def test_the_page_shows_the_server_figures_and_why_cells_changed():
     page = render_page(results, cmp).html
     assert 'id="why"' in page
     assert "preemptions 0 → 5" in page  # a finding: the figure held, the server preempted
+    # and on the comparison's cell itself, in its hover text
+    (title,) = [t for t in page.split('title="')[1:] if t.startswith(f"{cid}: ")]
+    assert "\nwhy: " in title.split('"')[0] and "preemptions 0 → 5" in title.split('"')[0]
     assert 'id="why"' not in render_page(results, compare(load(V1), load(V1))).html
 
 

@@ -372,6 +372,8 @@ def _comparison(cmp: Comparison) -> dict[str, Any]:
             f"{c.cid}: {c.old:,.1f} → {c.new:,.1f} {c.metric} ({c.verdict.value}, noise "
             f"threshold ±{c.threshold:.1%})"
         )
+        if c.explanation:  # why, on the cell itself too (the list below has every one)
+            hover += f"\nwhy: {c.explanation.split(': ', 1)[-1]}"
         return {"text": fmt_change(c.change), "cls": cls.get(c.verdict, ""), "hover": hover}
 
     lines = [{"text": f"warning: {w}", "cls": "warn"} for w in cmp.warnings]
