@@ -308,11 +308,14 @@ def running_simulator_process(
     import threading
 
     opts = options or SimOptions()
-    cmd = [sys.executable, "-m", "pytest_llmspeed.sim", *cli_args(opts)]
+    # --exit-with-stdin: the child stops when this process's end of its stdin closes, which
+    # the OS does however this process ends (a traceback in a hook, SIGKILL): no simulator
+    # outlives the session
+    cmd = [sys.executable, "-m", "pytest_llmspeed.sim", *cli_args(opts), "--exit-with-stdin"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         cmd,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -342,6 +345,8 @@ def running_simulator_process(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
+        if proc.stdin is not None:
+            proc.stdin.close()
 
 
 @contextmanager

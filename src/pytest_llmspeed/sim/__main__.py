@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import signal
 import sys
+import threading
 
 from . import QUIRKS, SimOptions
 from .faults import __doc__ as FAULTS_DOC
@@ -123,6 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
         "stall=0.01,burst503=0.02' (grammar below)",
     )
     parser.add_argument(
+        "--exit-with-stdin",
+        action="store_true",
+        help="stop when standard input closes: a parent that holds the other end (the "
+        "plugin) takes the simulator with it however it ends, even killed",
+    )
+    parser.add_argument(
         "--quirks",
         default=None,
         metavar="LIST",
@@ -132,8 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def serve(options: SimOptions) -> None:
-    """Run until SIGINT or SIGTERM."""
+async def serve(options: SimOptions, exit_with_stdin: bool = False) -> None:
+    """Run until SIGINT or SIGTERM (or, with ``exit_with_stdin``, standard input's end)."""
     from .server import SimServer
 
     server = SimServer(options)
@@ -141,6 +148,14 @@ async def serve(options: SimOptions) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if exit_with_stdin:
+
+        def watch() -> None:
+            while sys.stdin.buffer.read(4096):
+                pass
+            loop.call_soon_threadsafe(stop.set)
+
+        threading.Thread(target=watch, daemon=True).start()
     try:
         url = await server.start()
         start = f", start factor {server.start_factor!r}" if options.start_noise else ""
@@ -183,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         parser.error(str(exc))
     try:
-        asyncio.run(serve(options))
+        asyncio.run(serve(options, exit_with_stdin=args.exit_with_stdin))
     except OSError as exc:
         print(f"llmspeed-sim: cannot start: {exc}", file=sys.stderr)
         sys.exit(1)
