@@ -14,6 +14,7 @@ from pytest_llmspeed.core.server_figures import (
     FIGURE_SOURCES,
     GAUGE_FAMILIES,
     SERIES,
+    SPECULATIVE,
     ServerFigures,
     combine,
     only_families,
@@ -23,6 +24,7 @@ from pytest_llmspeed.core.server_figures import (
 )
 
 DATA = Path(__file__).parent.parent / "data" / "metrics"
+# speculative decoding's figures, written out (the module derives SPECULATIVE from its table)
 SPEC = (
     "spec_drafts",
     "spec_draft_tokens",
@@ -315,3 +317,7 @@ def test_figures_serialize_to_plain_json_values():
     assert "missing" not in data
     assert "running_mean" in data
     assert isinstance(got, ServerFigures)
+
+
+def test_the_speculative_figures_are_those_read_from_its_series():
+    assert SPECULATIVE == SPEC

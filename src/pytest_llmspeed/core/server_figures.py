@@ -35,6 +35,7 @@ __all__ = [
     "FIGURE_SOURCES",
     "GAUGE_FAMILIES",
     "SERIES",
+    "SPECULATIVE",
     "Series",
     "ServerFigures",
     "ServerSnapshot",
@@ -211,6 +212,12 @@ FIGURE_SOURCES: dict[str, tuple[str, ...]] = {
     "kv_usage_mean": ("kv_usage",),
     "kv_usage_max": ("kv_usage",),
 }
+
+#: the figures of speculative decoding, in ``FIGURE_SOURCES`` order (those read from its series):
+#: all absent means the server runs without it, which is no news
+SPECULATIVE: tuple[str, ...] = tuple(
+    k for k, sources in FIGURE_SOURCES.items() if sources[0].startswith("spec_")
+)
 
 
 def _families(series: Iterable[Series]) -> frozenset[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from ..core.server_figures import SPECULATIVE
 from ..results import CellRecord, ServerFigures
 
 
@@ -53,19 +54,6 @@ def _cell(server: ServerFigures, col: tuple[str, str, Callable[[float], str]]) -
     return "—" if value is None else col[2](value)
 
 
-#: the figures of speculative decoding: all absent means the server runs without it
-SPECULATIVE = frozenset(
-    {
-        "spec_drafts",
-        "spec_draft_tokens",
-        "spec_accepted_tokens",
-        "spec_accepted_per_position",
-        "acceptance_length",
-        "acceptance_rate",
-    }
-)
-
-
 def not_exposed(cells: Sequence[CellRecord]) -> str | None:
     """Once per run: the figures the server did not expose in any cell (absent from the cells,
     not zero), or None when it exposed them all or nothing at all."""
@@ -73,8 +61,8 @@ def not_exposed(cells: Sequence[CellRecord]) -> str | None:
     if not servers:
         return None
     missing = set.intersection(*(set(s.missing) for s in servers))
-    if missing >= SPECULATIVE:  # no speculative decoding on this server: nothing to say
-        missing -= SPECULATIVE
+    if missing.issuperset(SPECULATIVE):  # no speculative decoding on this server: no news
+        missing -= set(SPECULATIVE)
     if not missing:
         return None
     return "the server does not expose: " + ", ".join(sorted(missing)) + " (absent from the cells)"
