@@ -342,21 +342,13 @@ def findings(
         reasons = [r for r, mean, _ in new.waiting_by_reason or () if mean >= QUEUED]
         why = f" ({', '.join(reasons)})" if reasons else ""
         out.append(Finding("queued", wa, wb, f"requests waiting {_pair(wa, wb, 1)}{peak}{why}"))
-    sa, sb = _queue_share(old), _queue_share(new)
-    ta, tb = old.queue_time_mean_s, new.queue_time_mean_s
-    if (
-        not any(f.key == "queued" for f in out)
-        and sa is not None
-        and sb is not None
-        and ta is not None
-        and tb is not None
-        and sa < QUEUE_SHARE <= sb
-    ):
+    qa, qb = _queue(old), _queue(new)
+    if not any(f.key == "queued" for f in out) and qa and qb and qa[1] < QUEUE_SHARE <= qb[1]:
         text = (
-            f"requests queued {_pair(ta * 1000, tb * 1000)} ms each before running "
-            f"({sb:.0%} of their time in the server)"
+            f"requests queued {_pair(qa[0] * 1000, qb[0] * 1000)} ms each before running "
+            f"({qb[1]:.0%} of their time in the server)"
         )
-        out.append(Finding("queue_time", ta, tb, text))
+        out.append(Finding("queue_time", qa[0], qb[0], text))
     ra, rb = old.running_max, new.running_max
     if concurrency and ra is not None and rb is not None and ra >= concurrency > rb:
         out.append(
@@ -370,12 +362,13 @@ def findings(
     return tuple(out)
 
 
-def _queue_share(f: ServerFigures) -> float | None:
-    """The share of its time in the engine a finished request spent queued, or None."""
+def _queue(f: ServerFigures) -> tuple[float, float] | None:
+    """A finished request's mean queue time (s) and its share of the request's time in the
+    engine, or None."""
     q, p, d = f.queue_time_mean_s, f.prefill_time_mean_s, f.decode_time_mean_s
     if q is None or p is None or d is None or q + p + d <= 0:
         return None
-    return q / (q + p + d)
+    return q, q / (q + p + d)
 
 
 def explain(
