@@ -5,12 +5,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
 from tests.plugin import sigint_as_at_a_terminal
+from tests.processes import gone, processes_with
 
 pytestmark = pytest.mark.slow
 
@@ -21,29 +20,6 @@ def sim(marker, *extra):
     """The simulator as a server command; ``marker`` (a seed) finds its processes later."""
     words = [sys.executable, "-m", "pytest_llmspeed.sim", "--port", "{port}", "--speed", "4"]
     return " ".join([*words, "--seed", str(marker), *extra])
-
-
-def processes_with(marker):
-    """Live processes whose command line holds ``--seed MARKER``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and b"--seed" in cmd and str(marker).encode() in cmd:
-            found.append(int(entry.name))
-    return found
-
-
-def gone(marker, within=20.0):
-    deadline = time.monotonic() + within
-    while processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return processes_with(marker) == []
 
 
 def test_serve_records_the_launch_and_the_machine_and_leaves_nothing(results_doc, pytester):

@@ -2,13 +2,12 @@
 line, offline, as a CI job gating an upgrade would run it."""
 
 import shlex
-import time
-from pathlib import Path
 
 import pytest
 
 from engines.home import Layout, vllm_home
 from engines.servers import KV_CACHE_MEMORY_BYTES, MAX_MODEL_LEN, NOT_SET_UP, SERVED_MODEL
+from tests.processes import gone
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -48,24 +47,4 @@ def test_vllm_started_by_the_plugin(results_doc, pytester):
     for name in ("out.json", "llmspeed-serve.log"):
         text = (pytester.path / name).read_text()
         assert "sk-vllm-secret" not in text and "hf_not_a_real_token" not in text
-    assert _vllm_gone(model)
-
-
-def _vllm_gone(model, within=30.0):
-    """No process still runs the tiny model's server (the plugin stopped its whole group)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        alive = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    cmd = (entry / "cmdline").read_bytes()
-                    state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                except OSError:
-                    continue
-                if state != "Z" and b"sk-vllm-secret" in cmd:
-                    alive.append(entry.name)
-        if not alive:
-            return True
-        time.sleep(0.5)
-    return False
+    assert gone("sk-vllm-secret", within=30.0)  # the plugin stopped its whole group
