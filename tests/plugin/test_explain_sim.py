@@ -33,7 +33,7 @@ def run(pytester, name, options="", *extra, speed=4):
     return load(pytester.path / name)
 
 
-def explained(old, new, decode_only=True):
+def explained(old, new):
     """(comparison cell, explanation) of the decode cell of two runs."""
     (change,) = [c for c in compare(old, new).cells if c.concurrency is not None]
     a, b = (next(c for c in r.cells if c.phase is Phase.DECODE) for r in (old, new))
@@ -43,28 +43,27 @@ def explained(old, new, decode_only=True):
         concurrency=4,
     )  # fmt: skip
     assert isinstance(found, Explanation) and found.decomposition is not None
-    # The server's exact counters: steps/s × output tokens per step (= running × acceptance
-    # length). Its split into running and acceptance rests on the running gauge, read at the
-    # polls: a poll between a request's end and the next one's start read 3 of 4, and the
-    # split moved 6 % from running to the residual (the acceptance case, once in the test
-    # command); the order of the factors holds, the sum is checked on the counters.
+    split = found.decomposition
     sa, sb = a.server, b.server
-    assert sa.steps_per_s and sb.steps_per_s, (sa, sb)
+    # running requests came from the exact counters (output tokens per step ÷ acceptance
+    # length), not from the gauge's polls
     assert sa.output_tokens_per_step and sb.output_tokens_per_step, (sa, sb)
-    parts = math.log(sb.steps_per_s / sa.steps_per_s) + math.log(
-        sb.output_tokens_per_step / sa.output_tokens_per_step
+    assert split.part("running").new == pytest.approx(
+        sb.output_tokens_per_step / (sb.acceptance_length or 1.0)
     )
     measured = math.log(b.total_tok_s / a.total_tok_s)
-    if decode_only:  # the server's factors account for the client's change within 1 %
-        # (or within the client's own noise on that change when a busy machine makes it wider:
-        # the test command beside other work once read 3.8 % off; quiet, the two cells'
-        # intervals add up to 0.5-0.6 %, and 1 % is the bound)
-        noise = math.fsum(
-            max(hi / c.total_tok_s - 1, 1 - lo / c.total_tok_s)
-            for c in (a, b)
-            for lo, hi in [c.total_tok_s_ci or (c.total_tok_s, c.total_tok_s)]
-        )
-        assert abs(parts - measured) < max(0.01, noise), (found.line(), parts, measured, noise)
+    parts = math.fsum(p.change for p in split.parts if p.key != "residual")
+    assert split.total == pytest.approx(measured)
+    # the parts account for the client's change within 1 %
+    # (or within the client's own noise on that change when a busy machine makes it wider:
+    # the test command beside other work once read 3.8 % off; quiet, the two cells'
+    # intervals add up to 0.5-0.6 %, and 1 % is the bound)
+    noise = math.fsum(
+        max(hi / c.total_tok_s - 1, 1 - lo / c.total_tok_s)
+        for c in (a, b)
+        for lo, hi in [c.total_tok_s_ci or (c.total_tok_s, c.total_tok_s)]
+    )
+    assert abs(parts - measured) < max(0.01, noise), (found.line(), parts, measured, noise)
     return change, found
 
 
@@ -101,11 +100,9 @@ def test_a_kv_cache_that_preempts_is_a_finding(pytester, default):
         "&kv_preempt=6144&max_model_len=4096",
         "--llm-kv-capacity=100000",
     )
-    # a preempted request's prompt and output are computed again inside the window: prefill
-    # work the decode factors do not count, shown as the residual, not hidden
-    change, found = explained(default, preempting, decode_only=False)
+    # a preempted request waits and is computed again: fewer requests produce a token in each
+    # step, so the running factor carries the loss, and the parts still sum to the change
+    change, found = explained(default, preempting)
     assert any(f.text.startswith("preemptions 0 → ") for f in found.findings), found.line()
-    assert found.decomposition is not None
-    residual = found.decomposition.part("residual")
-    assert residual.moved and residual.change > 0, found.line()
+    assert found.moved and found.moved[0].key == "running", found.line()
     assert "preemptions 0 → " in change.explanation

@@ -99,7 +99,8 @@ def test_a_regression_says_why_from_both_runs_server_figures():
     (cell,) = cmp.cells
     assert cell.verdict is Verdict.REGRESSION
     assert cell.explanation.startswith("decode[1K-c8] −40.0%: ")
-    assert "running 4.00 → 1.50 (−62.5%)" in cell.explanation
+    # from the exact counters (output tokens per step); the one poll's gauges read 4 → 1.5
+    assert "running 7.94 → 2.02 (−74.5%)" in cell.explanation
     assert "preemptions 0 → 5" in cell.explanation
     shown = lines(cmp, "old.json")
     regression = next(i for i, ln in enumerate(shown) if ln.startswith("  REGRESSION "))

@@ -22,6 +22,8 @@ from pytest_llmspeed.gate.explain import (
     NO_FIGURES_NEW,
     NO_FIGURES_OLD,
     NOISE_FLOOR,
+    RESIDUAL_DECODE,
+    RESIDUAL_DECODE_GAUGE,
     Explanation,
     Side,
     Unexplained,
@@ -115,6 +117,27 @@ def test_the_residual_is_shown_when_the_factors_do_not_carry_the_change():
         "decode[8K-c8] −8.0%: other (prefill in the window, the client) −8.0%, "
         "steps/s 41 → 41, running 8 → 8, acceptance length 2.41 → 2.41"
     )
+
+
+def test_running_comes_from_the_exact_counters_where_the_server_gives_them():
+    # output tokens per step ÷ acceptance length: the step-weighted running requests, exact;
+    # the gauge's poll mean (one poll between a request's end and the next one's start read
+    # 3.75 of 4) is shown in the server figures but not used
+    old = replace(BASE, running_mean=8.0, output_tokens_per_step=8.0 * 2.41)
+    new = replace(BASE, running_mean=7.5, output_tokens_per_step=8.0 * 2.41)
+    got = decode(old, new)
+    running = got.decomposition.part("running")  # type: ignore[union-attr]
+    assert (running.old, running.new) == (pytest.approx(8.0), pytest.approx(8.0))
+    assert running.change == pytest.approx(0.0, abs=1e-12)
+    # the client's figure (from the gauge-free counters here: 8 × 2.41 × 41 both runs) held,
+    # so nothing moved, and the residual is the client's count against the server's
+    assert got.decomposition.part("residual").label == RESIDUAL_DECODE  # type: ignore[union-attr]
+    # one side without step counters: the gauge for both, and the residual says what it holds
+    gauge = replace(new, output_tokens_per_step=None)
+    split = decompose_decode(Side(tok_s(old), old), Side(tok_s(gauge), gauge))
+    assert not isinstance(split, str)
+    assert (split.part("running").old, split.part("running").new) == (8.0, 7.5)
+    assert split.part("residual").label == RESIDUAL_DECODE_GAUGE
 
 
 def test_lower_acceptance_names_acceptance_length_first():

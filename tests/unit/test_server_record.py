@@ -131,7 +131,7 @@ def test_a_regression_against_the_baseline_says_why(tmp_path):
     result = verdict(entry, [slower])
     assert result.outcome is Outcome.REGRESSION
     assert result.why.startswith("decode[1K-c8] −40.0%: ")
-    assert "running 4.00 → 1.50" in result.why and "preemptions 0 → 5" in result.why
+    assert "running 7.94 → 2.02" in result.why and "preemptions 0 → 5" in result.why
     record = gated(slower, result, [slower])
     assert record.reason is not None and record.reason.endswith(f"; why: {result.why}")
     assert record.to_v1()["baseline_why"] == result.why

@@ -61,7 +61,9 @@ QUEUED = 0.5
 #: waiting 0 with --max-num-seqs 1 at c2, while each request queued 0.74 s)
 QUEUE_SHARE = 0.1
 
-RESIDUAL_DECODE = "other (prefill in the window, the client)"
+RESIDUAL_DECODE = "other (the client's count against the server's)"
+#: the decode residual's label when running requests came from the gauge (no step counters)
+RESIDUAL_DECODE_GAUGE = "other (prefill in the window, the client)"
 RESIDUAL_PREFILL = "other (client, API server)"
 
 _DECODE_FACTORS = (
@@ -212,11 +214,15 @@ def decompose_decode(
         return NO_FIGURES_OLD if old.server is None else NO_FIGURES_NEW
     if old.figure <= 0 or new.figure <= 0:
         return "no decomposition: a total tok/s of 0"
+    # running requests from both runs' exact counters, or from both runs' gauges
+    counted = all(f.output_tokens_per_step for f in (old.server, new.server))
     values: dict[str, tuple[float, float]] = {}
     assumed: set[str] = set()
     for key, label in _DECODE_FACTORS:
-        attr = {"running": "running_mean"}.get(key, key)
-        a, b = getattr(old.server, attr), getattr(new.server, attr)
+        if key == "running":
+            a, b = _running(old.server, counted), _running(new.server, counted)
+        else:
+            a, b = getattr(old.server, key), getattr(new.server, key)
         if key == "acceptance_length":
             if a is None and b is None:
                 assumed.add(key)
@@ -253,7 +259,7 @@ def decompose_decode(
     parts.append(
         Part(
             key="residual",
-            label=RESIDUAL_DECODE,
+            label=RESIDUAL_DECODE if counted else RESIDUAL_DECODE_GAUGE,
             old=None,
             new=None,
             change=residual,
@@ -263,6 +269,17 @@ def decompose_decode(
         )
     )
     return Decomposition(kind="decode", total=total, parts=tuple(parts))
+
+
+def _running(f: ServerFigures, counted: bool) -> float | None:
+    """The mean requests that produced a token in each engine step: output tokens per step ÷
+    acceptance length, from the window's exact counters; the running gauge's mean over the
+    polls only where the server has no step or generation counter (a poll between one
+    request's end and the next one's start reads one fewer: 4 → 3.75 once, 6 % of a change
+    moved to the residual)."""
+    if counted and f.output_tokens_per_step:
+        return f.output_tokens_per_step / (f.acceptance_length or 1.0)
+    return f.running_mean
 
 
 def decompose_prefill(
