@@ -47,6 +47,9 @@ class Figure:
     #: listed with a cell's further figures (the terminal's -v, the page's measurements); the
     #: others have their place in the tables' own layout, or none
     listed: bool = False
+    #: a service-level objective may bound it (--llm-slo, docs/slo.md): "max" (lower is
+    #: better: an upper bound), "min" (higher is better: a lower bound); None: no objective
+    slo: Literal["max", "min"] | None = None
 
     def __post_init__(self) -> None:
         if self.junit == "":
@@ -65,15 +68,35 @@ _F = Figure
 _FLOOR, _CEILING = Gate.FLOOR, Gate.CEILING
 
 FIGURES: tuple[Figure, ...] = (
-    _F("total_tok_s", "decode", "total tok/s", "tok/s", gate=_FLOOR, ci=True, headline=True),
-    _F("per_request_tok_s", "decode", "per-request tok/s", "tok/s", gate=_FLOOR, ci=True),
+    _F(
+        "total_tok_s",
+        "decode",
+        "total tok/s",
+        "tok/s",
+        gate=_FLOOR,
+        ci=True,
+        headline=True,
+        slo="min",
+    ),
+    _F(
+        "per_request_tok_s", "decode", "per-request tok/s", "tok/s", gate=_FLOOR, ci=True, slo="min"
+    ),
     _F("prompt_tok_s", "prefill", "prompt tok/s", "tok/s", gate=_FLOOR, ci=True, headline=True),
-    _F("ttft_ms", "both", "TTFT ms", "ms", gate=_CEILING, ci=True),
-    _F("ttft_p90_ms", "decode", "TTFT p90 ms", "ms"),
-    _F("ttft_p99_ms", "decode", "TTFT p99 ms", "ms"),
-    _F("tbt_ms", "decode", "time between tokens ms", "ms", digits=3, gate=_CEILING, ci=True),
-    _F("tbt_p90_ms", "decode", "time between tokens p90 ms", "ms", digits=3),
-    _F("tbt_p99_ms", "decode", "time between tokens p99 ms", "ms", digits=3),
+    _F("ttft_ms", "both", "TTFT ms", "ms", gate=_CEILING, ci=True, slo="max"),
+    _F("ttft_p90_ms", "decode", "TTFT p90 ms", "ms", slo="max"),
+    _F("ttft_p99_ms", "decode", "TTFT p99 ms", "ms", slo="max"),
+    _F(
+        "tbt_ms",
+        "decode",
+        "time between tokens ms",
+        "ms",
+        digits=3,
+        gate=_CEILING,
+        ci=True,
+        slo="max",
+    ),
+    _F("tbt_p90_ms", "decode", "time between tokens p90 ms", "ms", digits=3, slo="max"),
+    _F("tbt_p99_ms", "decode", "time between tokens p99 ms", "ms", digits=3, slo="max"),
     _F("avg_active", "decode", "average active requests", digits=3),
     _F("completed", "both", "completed requests", kind=int),
     _F("max_tokens", "prefill", "max tokens of a cold request", kind=int, junit=None),
@@ -103,6 +126,9 @@ FIGURES: tuple[Figure, ...] = (
     _F("window_end", "decode", "window ended at", kind=str, optional=True),
     _F("drift", "decode", "drift", digits=4, optional=True),
     _F("little_residual", "decode", "Little's law residual", digits=4, optional=True),
+    # with --llm-slo (docs/slo.md)
+    _F("goodput_tok_s", "decode", "goodput tok/s", "tok/s", digits=2, optional=True),
+    _F("slo", "decode", "objectives", kind=str, optional=True),
 )
 
 

@@ -750,6 +750,10 @@ class CellRecord:
     little_residual: float | None = None  # requests in flight on average / N − 1 (window)
     precision: float | None = None  # the half-width total tok/s reached, as a fraction
     window_end: str | None = None  # with --llm-precision: "precision" (early) or "duration"
+    #: with --llm-slo (docs/slo.md): output tok/s of the requests that met the per-request
+    #: bounds, and the cell against the objectives in words ("meets", "misses ttft_p90: ...")
+    goodput_tok_s: float | None = None
+    slo: str | None = None
     #: total tok/s of each replica, when the server is several replicas (written when set)
     replica_tok_s: tuple[float, ...] | None = None
     #: what the server's /metrics say of the cell's window (None: nothing exposed, or a file
@@ -960,6 +964,8 @@ class RunInfo:
     pytest: str | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)  # the user's, e.g. hardware
     launch_command: str | None = None  # how the server was started, secrets redacted
+    #: with --llm-slo: per decode context, {"requests": N or None, "stopped_by": words or None}
+    capacity: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_v1(self) -> dict[str, Any]:
@@ -975,6 +981,8 @@ class RunInfo:
             out["metadata"] = dict(self.metadata)
         if self.launch_command is not None:
             out["launch_command"] = self.launch_command
+        if self.capacity:
+            out["capacity"] = {k: dict(v) for k, v in self.capacity.items()}
         out.update(self.extra)
         return out
 
@@ -989,7 +997,9 @@ class RunInfo:
         kwargs["metadata"] = {str(k): str(v) for k, v in (data.get("metadata") or {}).items()}
         if isinstance(data.get("launch_command"), str):
             kwargs["launch_command"] = data["launch_command"]
-        added = (*_RUN_KEYS, "metadata", "launch_command")
+        if isinstance(data.get("capacity"), Mapping):
+            kwargs["capacity"] = {str(k): dict(v) for k, v in data["capacity"].items()}
+        added = (*_RUN_KEYS, "metadata", "launch_command", "capacity")
         kwargs["extra"] = {k: v for k, v in data.items() if k not in added}
         return cls(**kwargs)
 

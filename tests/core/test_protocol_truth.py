@@ -13,10 +13,10 @@ from pytest_llmspeed.core import protocol
 from pytest_llmspeed.core.client import Connection, stream_request
 from pytest_llmspeed.core.probe import probe
 from pytest_llmspeed.core.prompts import PromptFactory
-from pytest_llmspeed.core.protocol import negotiate, run_decode, run_prefill
+from pytest_llmspeed.core.protocol import negotiate, run_prefill
 from pytest_llmspeed.sim import SimOptions, running_simulator_process
 
-from .truth import SLACK_MS, match, tbt_bounds, token_bounds, ttft_bounds
+from .truth import SLACK_MS, match, measure, tbt_bounds, token_bounds, ttft_bounds
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
@@ -35,22 +35,9 @@ async def _trace(conn):
 
 @pytest.mark.parametrize("concurrency", [1, 8])
 async def test_decode_cell_agrees_with_the_servers_own_record(reference_sim, concurrency):
-    conn = Connection.open(reference_sim, None, 60)
-    try:
-        server = await probe(conn, None, None)
-        factory = PromptFactory(conn, server.model)
-        dialect = await negotiate(conn, factory, server.model, "completions")
-        await run_prefill(conn, factory, dialect, server.model, 8192, 16)
-        await conn.session.delete(conn.url("/sim/trace"))
-        result = await run_decode(
-            conn, factory, dialect, server.model, 8192, concurrency, 4096, 4.0
-        )
-        trace = await _trace(conn)
-    finally:
-        await conn.close()
+    result, matched = await measure(reference_sim, 4096, 4.0, concurrency, context=8192)
     stats = result.stats
     w0, w1 = result.window
-    matched = match(result.records, trace)
     assert len(matched) >= concurrency
     # continuous usage: every chunk's tokens are known, so the count is exact, not approximate
     assert result.token_accounting == "usage"

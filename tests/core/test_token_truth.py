@@ -3,45 +3,14 @@
 request, within bounds made of what the client could know and the loopback delays measured
 for those requests (tests/core/truth.py)."""
 
-import json
-
 import pytest
 
-from pytest_llmspeed.core.client import Connection
-from pytest_llmspeed.core.probe import probe
-from pytest_llmspeed.core.prompts import PromptFactory
-from pytest_llmspeed.core.protocol import (
-    DecodeResult,
-    counter_disagreement,
-    negotiate,
-    run_decode,
-    run_prefill,
-)
+from pytest_llmspeed.core.protocol import counter_disagreement
 from pytest_llmspeed.sim import SimOptions, running_simulator_process
 
-from .truth import Matched, match, tbt_bounds, token_bounds
+from .truth import measure, tbt_bounds, token_bounds
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
-
-
-async def measure(
-    url, max_output, duration=3.0, concurrency=4
-) -> tuple[DecodeResult, list[Matched]]:
-    conn = Connection.open(url, None, 60)
-    try:
-        server = await probe(conn, None, None)
-        factory = PromptFactory(conn, server.model)
-        dialect = await negotiate(conn, factory, server.model, "completions")
-        await run_prefill(conn, factory, dialect, server.model, 1024, 16)
-        await conn.session.delete(conn.url("/sim/trace"))
-        result = await run_decode(
-            conn, factory, dialect, server.model, 1024, concurrency, max_output, duration
-        )
-        status, body = await conn.get("/sim/trace")
-        assert status == 200
-    finally:
-        await conn.close()
-    return result, match(result.records, json.loads(body)["requests"])
 
 
 @pytest.mark.parametrize("quirks", ["final-usage-only", "no-stream-usage"])

@@ -23,9 +23,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pytest_llmspeed.core.protocol import DecodeResult
 
 #: float rounding (samples are kept to 1 us) and the two clock reads; nothing else
 SLACK_MS = 0.01
@@ -181,3 +184,37 @@ def token_bounds(matched: list[Matched], w0: float, w1: float, exact: bool) -> t
             lo += chunks
             hi += chunks
     return lo, hi
+
+
+async def measure(
+    url: str,
+    max_output: int,
+    duration: float = 3.0,
+    concurrency: int = 4,
+    context: int = 1024,
+    **decode: Any,
+) -> tuple[DecodeResult, list[Matched]]:
+    """One decode cell at ``context`` (its prefix warmed first) against the simulator at
+    ``url``, and its requests matched with the simulator's trace of the cell. ``decode``: more
+    of ``run_decode``'s options."""
+    from pytest_llmspeed.core.client import Connection
+    from pytest_llmspeed.core.probe import probe
+    from pytest_llmspeed.core.prompts import PromptFactory
+    from pytest_llmspeed.core.protocol import negotiate, run_decode, run_prefill
+
+    conn = Connection.open(url, None, 60)
+    try:
+        server = await probe(conn, None, None)
+        factory = PromptFactory(conn, server.model)
+        dialect = await negotiate(conn, factory, server.model, "completions")
+        await run_prefill(conn, factory, dialect, server.model, context, 16)
+        await conn.session.delete(conn.url("/sim/trace"))
+        result = await run_decode(
+            conn, factory, dialect, server.model, context, concurrency, max_output, duration,
+            **decode,
+        )  # fmt: skip
+        status, body = await conn.get("/sim/trace")
+        assert status == 200
+    finally:
+        await conn.close()
+    return result, match(result.records, json.loads(body)["requests"])

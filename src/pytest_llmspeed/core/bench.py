@@ -29,6 +29,7 @@ from .protocol import (
 )
 from .records import decode_record, prefill_record, unmeasured_record
 from .replicas import ReplicaSet, per_replica_tok_s, probe_replicas
+from .stats import RequestBounds
 from .status import MAX_ERROR_RATE, cell_status
 from .wire import Dialect
 
@@ -65,6 +66,8 @@ class BenchConfig:
     endpoints: tuple[str, ...] = ()  # the replicas of one model, when several (base_url first)
     metrics_urls: tuple[str, ...] = ()  # where /metrics lives, when not on the endpoints
     max_error_rate: float = MAX_ERROR_RATE  # failed requests a decode cell allows (a fraction)
+    #: --llm-slo's per-request bounds: a decode cell's goodput counts the requests that met them
+    request_bounds: RequestBounds | None = None
 
 
 @dataclass
@@ -240,6 +243,7 @@ class Bench:
                 precision=cfg.precision,
                 min_duration=cfg.min_duration,
                 on_tick=on_tick,
+                request_bounds=cfg.request_bounds,
             )
         )
         if self.replicas is not None and len(self.replicas.connections) > 1:

@@ -52,7 +52,14 @@ from .server_figures import (
     snapshot_from_samples,
     window_figures,
 )
-from .stats import DecodeStats, RequestTrace, decode_stats, prompt_tok_s
+from .stats import (
+    DecodeStats,
+    RequestBounds,
+    RequestTrace,
+    decode_stats,
+    goodput,
+    prompt_tok_s,
+)
 from .tokenize import ServerTokenizer
 from .wire import Dialect, live_tokens, request_fields, stream_text
 
@@ -308,6 +315,8 @@ class DecodeResult:
     #: none of the figures' series, or the window did not run its course (never opened, or
     #: aborted: no close read)
     server: ServerFigures | None = None
+    #: output tok/s of the requests that met --llm-slo's per-request bounds (None: no bounds)
+    goodput_tok_s: float | None = None
 
     @property
     def error_rate(self) -> float:
@@ -329,6 +338,7 @@ async def run_decode(
     min_duration: float = 5.0,
     on_tick: Callable[[DecodeTick], None] | None = None,
     keep_server: bool = True,
+    request_bounds: RequestBounds | None = None,
 ) -> DecodeResult:
     """N streams in flight, restarted at once; a D-second window opened when the first N
     streams all have their first token; every open stream cancelled at the window's end.
@@ -344,7 +354,10 @@ async def run_decode(
     ``keep_server``, the server's figures (``DecodeResult.server``). Each read is one GET whose
     text is kept and parsed once, after the window (``keep_server=False``: only the referee's
     and the queue's series are parsed, as before the server's figures: the cost benchmark's
-    baseline)."""
+    baseline).
+
+    With ``request_bounds`` (--llm-slo), the cell's goodput: the output tok/s of the requests
+    that met them (:func:`~.stats.goodput`, docs/slo.md)."""
     n = concurrency
     records: list[StreamRecord] = []
     slots_with_token: set[int] = set()
@@ -501,6 +514,7 @@ async def run_decode(
         samples,
         aborted,
         full=duration if ended_precise else None,
+        request_bounds=request_bounds,
     )
     return dataclasses.replace(
         result,
@@ -751,6 +765,7 @@ def _decode_result(
     samples: list[MetricsSnapshot],
     aborted: str | None,
     full: float | None = None,
+    request_bounds: RequestBounds | None = None,
 ) -> DecodeResult:
     traces: list[RequestTrace] = []
     errors: Counter[str] = Counter()
@@ -785,6 +800,7 @@ def _decode_result(
             )
         )
     stats = decode_stats(traces, w0, w1, n, full)
+    good = goodput(traces, w0, w1, request_bounds) if request_bounds is not None else None
     gen_delta = None
     span_min: int | None = None
     span_max: int | None = None
@@ -827,6 +843,7 @@ def _decode_result(
         wrong_lengths=dict(wrong),
         error_settings=frozenset(error_settings),
         records=records,
+        goodput_tok_s=good,
     )
 
 

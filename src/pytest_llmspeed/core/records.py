@@ -94,6 +94,7 @@ def decode_record(
         ci_method=s.total_ci.method if s.total_ci else None,
         drift=round(s.drift.change, 4) if s.drift and s.drift.flagged else None,
         little_residual=_r(s.little_residual, 4),
+        goodput_tok_s=_r(result.goodput_tok_s, 2),
         precision=_r(s.precision, 4) if result.precision_goal is not None else None,
         window_end=(
             None

@@ -36,6 +36,50 @@ class RequestTrace:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class RequestBounds:
+    """The bounds a single request is held to for goodput (docs/slo.md): its TTFT (ms) at
+    most, its mean time between tokens (ms) at most, its in-window tok/s at least; None: no
+    such bound."""
+
+    ttft_ms: float | None = None
+    tbt_ms: float | None = None
+    tok_s: float | None = None
+
+
+def goodput(traces: Sequence[RequestTrace], w0: float, w1: float, bounds: RequestBounds) -> float:
+    """Output tok/s over the window [w0, w1) of the requests that met ``bounds``: a request's
+    own TTFT, its own mean time between tokens (over all its tokens), its own in-window tok/s
+    ((tokens − 1) / their span, as per-request tok/s; a request with fewer than two tokens in
+    the window is judged on the rest). A request with no token in the window adds nothing."""
+    measured = w1 - w0
+    if measured <= 0:
+        return 0.0
+    good = 0
+    for tr in traces:
+        times = np.asarray(tr.token_times, dtype=np.float64)
+        if not len(times):
+            continue
+        counts = np.asarray(tr.token_counts, dtype=np.int64)
+        inside = (times >= w0) & (times < w1)
+        n_in = int(counts[inside].sum())
+        if n_in == 0:
+            continue
+        if bounds.ttft_ms is not None and (times[0] - tr.t_send) * 1e3 > bounds.ttft_ms:
+            continue
+        total = int(counts.sum())
+        tbt = (times[-1] - times[0]) / (total - 1) * 1e3 if total >= 2 else 0.0
+        if bounds.tbt_ms is not None and tbt > bounds.tbt_ms:
+            continue
+        if bounds.tok_s is not None and n_in >= 2:
+            t_in = times[inside]
+            span = t_in[-1] - t_in[0]
+            if span > 0 and (n_in - 1) / span < bounds.tok_s:
+                continue
+        good += n_in
+    return good / measured
+
+
 @dataclass
 class DecodeStats:
     """Figures of one sustained-decode window."""

@@ -116,6 +116,10 @@ class Baseline:
     cells: dict[str, CellBaseline] = field(default_factory=dict)
     #: metric → between-start spread pooled over the cells (unknown: every cell has one run)
     spread: dict[str, Spread] = field(default_factory=dict)
+    #: [slo]: the objectives the capacities were measured at (--llm-slo), and each decode
+    #: context's capacity at them (0: not even the smallest concurrency met them)
+    objectives: str | None = None
+    capacity: dict[str, int] = field(default_factory=dict)
 
     @property
     def runs(self) -> int:
@@ -160,11 +164,12 @@ def load(path: str | Path) -> Baseline:
     def err(line: int, what: str) -> BaselineError:
         return BaselineError(f"{p}, line {line}: {what}")
 
-    unknown = set(data) - {"run", "defaults", "cells"}
+    unknown = set(data) - {"run", "defaults", "cells", "slo"}
     if unknown:
         key = sorted(unknown)[0]
         raise err(
-            _line_of(text, key), f"unknown table or key {key!r} (expected run, defaults, cells)"
+            _line_of(text, key),
+            f"unknown table or key {key!r} (expected run, defaults, cells, slo)",
         )
     tolerance = DEFAULT_TOLERANCE
     defaults = data.get("defaults", {})
@@ -174,6 +179,8 @@ def load(path: str | Path) -> Baseline:
     if not isinstance(cells_table, dict):
         raise err(_line_of(text, "cells"), "'cells' must be a table of cells")
     baseline = Baseline(p, dict(data.get("run", {})), tolerance)
+    if "slo" in data:
+        _slo(baseline, data["slo"], text, err)
     for cid, body in cells_table.items():
         header = _line_of(text, f'"{cid}"')
         try:
@@ -185,6 +192,34 @@ def load(path: str | Path) -> Baseline:
         baseline.cells[cid] = _cell(cid, body, tolerance, header, text, err)
     _pool(baseline)
     return baseline
+
+
+def _slo(baseline: Baseline, table: Any, text: str, err: Any) -> None:
+    """[slo]: ``objectives`` as --llm-slo takes them, ``capacity`` a table of context → whole
+    number of requests ≥ 0."""
+    from .slo import SLOError, parse
+
+    line = _line_of(text, "[slo]")
+    if not isinstance(table, dict) or not isinstance(table.get("objectives"), str):
+        raise err(line, '[slo] needs objectives = "..." (as --llm-slo takes them)')
+    try:
+        parse(table["objectives"])
+    except SLOError as exc:
+        raise err(_line_of(text, "objectives", line - 1), f"[slo] objectives: {exc}") from None
+    capacity = table.get("capacity", {})
+    if not isinstance(capacity, dict):
+        raise err(_line_of(text, "capacity", line - 1), "[slo] capacity must be a table")
+    for context, n in capacity.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise err(
+                _line_of(text, "capacity", line - 1),
+                f"[slo] capacity of {context!r} must be a whole number of requests (0: none)",
+            )
+    extra = set(table) - {"objectives", "capacity"}
+    if extra:
+        raise err(line, f"[slo]: unknown key {sorted(extra)[0]!r} (objectives, capacity)")
+    baseline.objectives = table["objectives"]
+    baseline.capacity = {str(k): int(v) for k, v in capacity.items()}
 
 
 def _pool(baseline: Baseline) -> None:
@@ -485,20 +520,23 @@ def save(
     records: Sequence[CellRecord],
     tolerance: float = DEFAULT_TOLERANCE,
     date: str | None = None,
+    slo: SLOSaved | None = None,
 ) -> Saved:
     """Write a baseline from one run's records, or, when ``path`` already holds a baseline,
     add this run to it (:func:`check_addable`: :class:`BaselineMismatch` when its settings
     differ). Adding keeps the file's cells, tolerances and [run] settings, appends this run's
     value and interval to every figure the file's cell has (gated or commented out), adds the
-    cells it lacks, and makes each reference the mean of its runs."""
+    cells it lacks, and makes each reference the mean of its runs. ``slo``: the objectives
+    and each context's capacity at them, written under [slo] (added: the smallest capacity of
+    the runs, when the objectives are the file's)."""
     p = Path(path)
     date = date or _now()
     existing = check_addable(p, run)
     if existing is None:
-        text, count = render(dict(run), list(records), tolerance, date)
+        text, count = render(dict(run), list(records), tolerance, date, slo)
         _write(p, text)
         return Saved(p, count, 1, added=False)
-    text, count = render_added(existing, run, records, date)
+    text, count = render_added(existing, run, records, date, slo)
     _write(p, text)
     return Saved(p, count, existing.runs + 1, added=True)
 
@@ -600,11 +638,31 @@ _RUNS_HEADER = [
 ]
 
 
+#: the objectives a run was measured at and each decode context's capacity at them (0: none)
+SLOSaved = tuple[str, Mapping[str, int]]
+
+
+def _slo_lines(slo: SLOSaved | None) -> list[str]:
+    if slo is None:
+        return []
+    objectives, capacity = slo
+    pairs = ", ".join(f"{_toml_value(k)} = {v}" for k, v in capacity.items())
+    return [
+        "[slo]  # the objectives (--llm-slo) and each context's capacity at them: the most",
+        "# requests in flight up to which every cell met them (0: none). A run with the same",
+        "# objectives fails a cell at or below its context's capacity that misses them.",
+        f"objectives = {_toml_value(objectives)}",
+        f"capacity = {{ {pairs} }}" if pairs else "capacity = {}",
+        "",
+    ]
+
+
 def _render(
     run: Mapping[str, Any],
     tolerance: float,
     cells: Sequence[tuple[str, _Figures, float | None, _Server]],
     runs: int,
+    slo: SLOSaved | None = None,
 ) -> str:
     several = runs > 1
     lines = [*_HEADER, ""]
@@ -621,6 +679,7 @@ def _render(
             lines.append(f"{key} = {_toml_value(value)}")
     lines += [
         "",
+        *_slo_lines(slo),
         "[defaults]",
         f"tolerance = {tolerance!r}  # a cell fails when worse than its reference by more than "
         "this fraction",
@@ -682,6 +741,7 @@ def render(
     records: list[CellRecord],
     tolerance: float = DEFAULT_TOLERANCE,
     date: str = "",
+    slo: SLOSaved | None = None,
 ) -> tuple[str, int]:
     """The baseline file's text for the valid cells of one run's ``records``, and their
     number."""
@@ -690,11 +750,15 @@ def render(
         for rec in records
         if rec.status is Status.VALID
     ]
-    return _render({"date": date, **run}, tolerance, cells, 1), len(cells)
+    return _render({"date": date, **run}, tolerance, cells, 1, slo), len(cells)
 
 
 def render_added(
-    baseline: Baseline, run: Mapping[str, Any], records: Sequence[CellRecord], date: str
+    baseline: Baseline,
+    run: Mapping[str, Any],
+    records: Sequence[CellRecord],
+    date: str,
+    slo: SLOSaved | None = None,
 ) -> tuple[str, int]:
     """The text of ``baseline`` with one more run (``records``), and the number of this run's
     cells written. The [run] table keeps the first run's settings and counts the runs and
@@ -728,4 +792,14 @@ def render_added(
     first = {"date": info.pop("date", dates[0] if dates else date)}
     first["runs"] = baseline.runs + 1
     first["dates"] = [*dates, date]
-    return _render({**first, **info}, baseline.tolerance, cells, baseline.runs + 1), count
+    kept: SLOSaved | None = (
+        (baseline.objectives, baseline.capacity) if baseline.objectives is not None else None
+    )
+    if slo is not None and (kept is None or kept[0] == slo[0]):
+        # the capacity a later run must hold: the smallest any run measured
+        merged = dict(kept[1]) if kept else {}
+        for context, n in slo[1].items():
+            merged[context] = min(n, merged.get(context, n))
+        kept = (slo[0], merged)
+    text = _render({**first, **info}, baseline.tolerance, cells, baseline.runs + 1, kept)
+    return text, count

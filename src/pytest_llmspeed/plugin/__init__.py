@@ -348,7 +348,10 @@ def pytest_terminal_summary(
     terminalreporter.section("llmspeed")
     verbose = config.getoption("verbose") > 0
     cells = list(store.cells.values())
-    for line in render(cells, width, verbose, store.notes):
+    info = store.run_info()
+    objectives = info.settings.get("slo")
+    held = run.gate.capacity_held()
+    for line in render(cells, width, verbose, store.notes, objectives, info.capacity, held):
         terminalreporter.write_line(run.redact(line))
     baseline, acc = run.gate.baseline, run.gate.accounting()
     if baseline is not None and acc is not None:
@@ -367,7 +370,7 @@ def pytest_terminal_summary(
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         title = run.server.server_line or run.server.header()[0]
-        text = summary(f"LLM speed: {title}", cells, store.notes)
+        text = summary(f"LLM speed: {title}", cells, store.notes, objectives, info.capacity)
         if comparison is not None and s.compare:
             from ..report.compare import markdown
 

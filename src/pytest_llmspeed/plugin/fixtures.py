@@ -233,11 +233,16 @@ class CellRunner:
             if len(attempts) > 1:
                 words = run.server.remeasured_words(len(attempts) - 1)
                 record = dataclasses.replace(record, notes=(*record.notes, words))
-        run.store.record(record)
+        dropped = run.gate.capacity_miss(record)
+        if dropped:
+            record = dataclasses.replace(record, notes=(*record.notes, dropped))
+        record = run.store.record(record)
         self._attach(record)
         benchmark.report(self.request, record)
-        if record.gate is not None and record.gate.regressions:
-            pytest.fail(record.gate.message, pytrace=False)
+        failures = [record.gate.message] if record.gate and record.gate.regressions else []
+        failures += [dropped] if dropped else []
+        if failures:
+            pytest.fail("\n".join(failures), pytrace=False)
         return record
 
 

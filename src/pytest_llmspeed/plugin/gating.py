@@ -12,6 +12,7 @@ from ..core.errors import LLMSpeedError
 if TYPE_CHECKING:
     from ..gate.baseline import Baseline
     from ..gate.verdict import Accounting
+    from ..results import CellRecord
     from .selection import Selection
     from .server import ServerUnderTest
     from .settings import Settings
@@ -64,6 +65,47 @@ class GateSession:
         if self.settings.baseline_strict:
             raise LLMSpeedError(what + " (--llm-baseline-strict)")
         return "warning: " + what
+
+    def slo_note(self) -> str | None:
+        """Once: why the baseline's capacities are not gated (it has none for these
+        objectives), or None when they are or there is nothing to say."""
+        from ..gate.slo import same
+
+        b, bounds = self.baseline, self.settings.slo
+        if b is None or b.objectives is None:
+            return None
+        if not bounds:
+            return (
+                f"baseline {b.path} records each context's capacity at {b.objectives}: give "
+                f"--llm-slo='{b.objectives}' to gate it"
+            )
+        if not same(b.objectives, bounds):
+            from ..gate.slo import text
+
+            return (
+                f"baseline {b.path} records capacity at other objectives ({b.objectives}, "
+                f"this run {text(bounds)}): capacity not gated"
+            )
+        return None
+
+    def capacity_held(self) -> dict[str, int] | None:
+        """The baseline's capacity per context, when it was taken at this run's objectives."""
+        from ..gate.slo import same
+
+        b, bounds = self.baseline, self.settings.slo
+        if b is None or b.objectives is None or not bounds or not same(b.objectives, bounds):
+            return None
+        return dict(b.capacity)
+
+    def capacity_miss(self, record: CellRecord) -> str | None:
+        """A decode cell that shows its context's capacity dropped below the baseline's."""
+        from ..gate.slo import capacity_miss
+        from ..results import Phase
+
+        held = self.capacity_held()
+        if held is None or record.id.phase is not Phase.DECODE or record.context not in held:
+            return None
+        return capacity_miss(held[record.context], record, self.settings.slo)
 
     def saved_run(self) -> dict[str, Any]:
         """The [run] settings a saved baseline records: the comparable ones, the server."""
@@ -171,7 +213,16 @@ class GateSession:
             return None
         from ..gate.baseline import save
 
+        slo = None
+        if self.settings.slo:
+            from ..gate.slo import text
+
+            found = self._store.capacity()
+            slo = (text(self.settings.slo), {k: v["requests"] or 0 for k, v in found.items()})
         saved = save(
-            self.settings.save_baseline, self.saved_run(), list(self._store.cells.values())
+            self.settings.save_baseline,
+            self.saved_run(),
+            list(self._store.cells.values()),
+            slo=slo,
         )
         return saved.message()

@@ -95,6 +95,7 @@ class ServerUnderTest:
 
     def _start(self, restart: bool = False) -> None:
         from ..core.bench import Bench, BenchConfig
+        from ..gate.slo import request_bounds
 
         s = self.settings
         if s.serve_plan is not None:
@@ -135,6 +136,7 @@ class ServerUnderTest:
                 endpoints=endpoints,
                 metrics_urls=s.metrics_urls,
                 max_error_rate=s.max_error_rate,
+                request_bounds=request_bounds(s.slo) if s.slo else None,
             )
         )
         self.info = self.bench.start()

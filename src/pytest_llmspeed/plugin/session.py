@@ -58,6 +58,9 @@ class LLMSpeedRun:
             raise
         if warning:
             self.store.note(warning)
+        slo = self.gate.slo_note()
+        if slo:
+            self.store.note(slo)
         self.store.write()
 
     def start_or_say_why(self) -> str | None:

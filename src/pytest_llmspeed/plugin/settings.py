@@ -120,6 +120,13 @@ OPTIONS: tuple[Option, ...] = (
         "with its noise; else 1)",
     ),
     Option("max-output", "max_tokens of every decode request", default="4096"),
+    Option(
+        "slo",
+        "service-level objectives on decode cells, e.g. "
+        "'ttft_p90<=2s,tbt_p90<=50ms,per_request_tok_s>=20': each cell meets, misses or is "
+        "too close to call, its goodput is counted, and each context's capacity (the most "
+        "requests that meet them) is reported and gated (docs/slo.md)",
+    ),
     Option("kv-capacity", "KV-cache capacity in tokens (default: read from the server)"),
     Option(
         "max-model-len",
@@ -233,6 +240,7 @@ class Settings:
     min_duration: float = 5.0
     prefill_repeats: int = 1
     max_output: int = 4096
+    slo: tuple[Any, ...] = ()  # gate.slo.Bound: --llm-slo's objectives
     kv_capacity: int | None = None
     max_model_len: int | None = None
     results: str | None = None
@@ -278,6 +286,7 @@ class Settings:
             "min_duration_s": self.min_duration if self.precision is not None else None,
             "prefill_repeats": self.prefill_repeats,
             "max_output": self.max_output,
+            "slo": slo_text(self.slo) if self.slo else None,
             "kv_capacity_option": self.kv_capacity,
             "max_model_len_option": self.max_model_len,
             "timeout_s": self.timeout,
@@ -288,6 +297,12 @@ class Settings:
             "baseline_missing": self.baseline_missing,
             "api_key": "<redacted>" if self.api_key else None,
         }
+
+
+def slo_text(bounds: tuple[Any, ...]) -> str:
+    from ..gate.slo import text
+
+    return text(bounds)
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -589,6 +604,10 @@ def _convert(key: str, value: str) -> Any:
         if not value.strip().isdigit():
             raise ValueError("must be a whole number of extra measurements (0, 1, 2, ...)")
         return int(value)
+    if key == "slo":
+        from ..gate.slo import parse
+
+        return parse(value)  # SLOError (a ValueError): one line, what is valid
     if key == "serve":
         return value
     if key == "launch_command":

@@ -5,15 +5,16 @@ keeps what it measured."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import platform
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from .. import __version__
-from ..results import CellRecord, Results, RunInfo
+from ..results import CellRecord, Phase, Results, RunInfo
 
 if TYPE_CHECKING:
     from ..report.compare import Comparison
@@ -42,13 +43,18 @@ class CellStore:
             if text not in self.notes:
                 self.notes.append(text)
 
-    def record(self, rec: CellRecord) -> None:
-        """Keep a cell's record (replacing an earlier one of the same cell) and rewrite the
-        files."""
+    def record(self, rec: CellRecord) -> CellRecord:
+        """Keep a cell's record (replacing an earlier one of the same cell; a decode cell with
+        its verdict against --llm-slo) and rewrite the files; the record kept."""
         factory = self._server.factory
         self.note(*(factory.notes if factory else ()))
+        if self.settings.slo and rec.id.phase is Phase.DECODE:
+            from ..gate.slo import judge
+
+            rec = dataclasses.replace(rec, slo=judge(rec, self.settings.slo).words())
         self.cells[str(rec.id)] = rec
         self.write()
+        return rec
 
     def run_info(self) -> RunInfo:
         """What this run is, as the results model records it."""
@@ -74,7 +80,17 @@ class CellStore:
             pytest=pytest.__version__,
             metadata={**server.machine, **server.engine_packages, **dict(s.meta)},
             launch_command=s.launch_command or (s.serve_plan.shown if s.serve_plan else None),
+            capacity=self.capacity(),
         )
+
+    def capacity(self) -> dict[str, dict[str, Any]]:
+        """With --llm-slo: each decode context's capacity over the cells so far."""
+        if not self.settings.slo:
+            return {}
+        from ..gate.slo import capacities
+
+        found = capacities(self.cells.values(), self.settings.slo)
+        return {k: {"requests": c.requests, "stopped_by": c.stopped_by} for k, c in found.items()}
 
     def results(self) -> Results:
         return Results(self.run_info(), tuple(self.cells.values()))

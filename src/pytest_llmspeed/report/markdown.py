@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from tabulate import tabulate
 
 from ..results import CellRecord, Phase, Status, order_contexts
 from .notes import by_kind, which
+from .slo import markdown as slo_markdown
 from .terminal import fmt_ms, fmt_rate, replica_line
 
 
-def summary(title: str, cells: list[CellRecord], notes: list[str]) -> str:
-    """The step summary: prefill table, decode matrix, the regressions, the run's notes."""
+def summary(
+    title: str,
+    cells: list[CellRecord],
+    notes: list[str],
+    objectives: str | None = None,
+    capacity: Mapping[str, Mapping[str, Any]] | None = None,
+) -> str:
+    """The step summary: prefill table, decode matrix, the capacity at the objectives, the
+    regressions, the run's notes."""
     lines = [f"## {title}", ""]
     prefill = [c for c in cells if c.phase is Phase.PREFILL]
     decode = [c for c in cells if c.phase is Phase.DECODE]
@@ -66,6 +77,7 @@ def summary(title: str, cells: list[CellRecord], notes: list[str]) -> str:
         replicas = [f"- {replica_line(c).strip()}" for c in decode if c.replica_tok_s]
         if replicas:
             lines += ["**Per replica** (total tok/s of each)", "", *replicas, ""]
+        lines += slo_markdown(objectives, capacity or {}, decode)
     if regressions:
         lines += ["**Regressions**", ""] + [f"- `{r}`" for r in regressions]
         why = [c.gate.why for c in cells if c.gate and c.gate.regressions and c.gate.why]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from tabulate import tabulate
 
@@ -199,8 +200,19 @@ def replica_line(c: CellRecord) -> str:
     return f"  {c.id}: total {fmt_rate(c.total_tok_s)} tok/s; per replica {each}"
 
 
-def render(cells: list[CellRecord], width: int, verbose: bool, notes: list[str]) -> list[str]:
-    """All lines of the summary section."""
+def render(
+    cells: list[CellRecord],
+    width: int,
+    verbose: bool,
+    notes: list[str],
+    objectives: str | None = None,
+    capacity: Mapping[str, Mapping[str, Any]] | None = None,
+    baseline_capacity: Mapping[str, int] | None = None,
+) -> list[str]:
+    """All lines of the summary section (with --llm-slo's ``objectives``, each context's
+    ``capacity`` at them: report/slo.py)."""
+    from .slo import lines as slo_lines
+
     prefill = [c for c in cells if c.phase is Phase.PREFILL]
     decode = [c for c in cells if c.phase is Phase.DECODE]
     lines: list[str] = []
@@ -218,6 +230,9 @@ def render(cells: list[CellRecord], width: int, verbose: bool, notes: list[str])
         lines.append("Latencies are medians. TTFT in decode cells is measured on a warm prefix.")
         lines += note_lines(decode)
         lines += [replica_line(c) for c in decode if c.replica_tok_s]
+        capacity_lines = slo_lines(objectives, capacity or {}, decode, baseline_capacity)
+        if capacity_lines:
+            lines += ["", *capacity_lines]
     if verbose and cells:
         lines += ["", "All measurements", details_table(cells)]
         header, rows = further_figures(cells)

@@ -1,0 +1,81 @@
+"""Capacity at the objectives, in words: the terminal's and the job summary's lines, read from
+the results model (the run's ``capacity`` and objectives, each cell's ``slo`` and goodput;
+docs/slo.md). Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..results import CellRecord, Phase, order_contexts
+from .terminal import fmt_rate
+
+
+def capacity_line(context: str, entry: Mapping[str, Any]) -> str:
+    """``8K: 32 requests (64 misses ttft_p90: 4.3 s > 2 s)``"""
+    n = entry.get("requests")
+    count = "none" if not n else "1 request" if n == 1 else f"{n} requests"
+    stop = entry.get("stopped_by")
+    return f"{context}: {count}" + (f" ({stop})" if stop else "")
+
+
+def goodput_line(cells: Sequence[CellRecord], context: str) -> str | None:
+    """``goodput tok/s c1 2,014 of 2,014 · c8 0 of 7,960`` for a context's decode cells that
+    have one, or None."""
+    row = sorted(
+        (c for c in cells if c.phase is Phase.DECODE and c.context == context),
+        key=lambda c: c.concurrency,
+    )
+    parts = [
+        f"c{c.concurrency} {fmt_rate(c.goodput_tok_s)} of {fmt_rate(c.total_tok_s)}"
+        for c in row
+        if c.goodput_tok_s is not None and c.total_tok_s is not None
+    ]
+    return "goodput tok/s " + " · ".join(parts) if parts else None
+
+
+def lines(
+    objectives: str | None,
+    capacity: Mapping[str, Mapping[str, Any]],
+    cells: Sequence[CellRecord],
+    baseline: Mapping[str, int] | None = None,
+) -> list[str]:
+    """The terminal's capacity section: a heading naming the objectives, then per context its
+    capacity (against the ``baseline``'s at the same objectives: ``capacity at SLO 32 → 16``)
+    and its cells' goodput (output tok/s of the requests that met the per-request bounds, of
+    the total)."""
+    if not objectives or not capacity:
+        return []
+    out = [
+        f"Capacity at {objectives} (the most requests in flight up to which every cell meets them)"
+    ]
+    decode = [c for c in cells if c.phase is Phase.DECODE]
+    for context in order_contexts(decode):
+        if context not in capacity:
+            continue
+        line = "  " + capacity_line(context, capacity[context])
+        if baseline is not None and context in baseline:
+            was, now = baseline[context], capacity[context].get("requests") or 0
+            if now < was:
+                line += f"; DROPPED: capacity at SLO {was} → {now} (baseline)"
+            elif now > was:
+                line += f"; baseline {was}"
+        out.append(line)
+        good = goodput_line(decode, context)
+        if good:
+            out.append("    " + good)
+    return out
+
+
+def markdown(
+    objectives: str | None, capacity: Mapping[str, Mapping[str, Any]], cells: Sequence[CellRecord]
+) -> list[str]:
+    """The job summary's capacity section (Markdown lines), or none."""
+    if not objectives or not capacity:
+        return []
+    out = [f"**Capacity at `{objectives}`** (most requests in flight that meet them)", ""]
+    decode = [c for c in cells if c.phase is Phase.DECODE]
+    for context in order_contexts(decode):
+        if context in capacity:
+            out.append(f"- {capacity_line(context, capacity[context])}")
+    return [*out, ""]

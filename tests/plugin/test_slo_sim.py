@@ -1,0 +1,104 @@
+"""Capacity at service-level objectives, end to end on the simulator's H200 profile (issue 21,
+docs/slo.md): the capacity a run reports is what its cells' own figures say, read back from
+the results file; a baseline keeps it and a slower run that loses a cell fails the gate; a bad
+objective is one line."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PROFILE = "sim:h200-qwen3.5-27b-int4"
+ARGS = (
+    "--llm-contexts=8K,32K",
+    "--llm-concurrency=1,4,16,64",
+    "--llm-duration=2",
+    "-m",
+    "decode",
+    "-p",
+    "no:randomly",
+)
+#: at speed 10 the 8K cells' per-request tok/s are about 1,470 / 1,380 / 1,070 / 500 (c1 / c4 /
+#: c16 / c64): 1,000 lies between c16 and c64, and 10 % slower puts c16 below it
+OBJECTIVES = "per_request_tok_s>=1000,ttft<=1s"
+
+
+def run(pytester, speed, *extra):
+    return pytester.runpytest(f"--llm-endpoint={PROFILE}?speed={speed}", *ARGS, *extra)
+
+
+def read_capacity(doc):
+    """Each context's capacity from the cells' figures and intervals as the file gives them:
+    the most requests up to which every cell's interval is on the good side of each bound."""
+    out = {}
+    cells = [c for c in doc["cells"] if c["phase"] == "decode"]
+    for context in dict.fromkeys(c["context"] for c in cells):
+        best = None
+        for c in sorted(
+            (c for c in cells if c["context"] == context), key=lambda c: c["concurrency"]
+        ):
+            if c["status"] != "valid":
+                break
+            # a figure without an interval (one request in the window): its value
+            rate_low = (c.get("per_request_tok_s_ci") or [c["per_request_tok_s"]])[0]
+            ttft_high = (c.get("ttft_ms_ci") or [c["ttft_ms"]])[-1]
+            if not (rate_low >= 1000 and ttft_high <= 1000):
+                break
+            best = c["concurrency"]
+        out[context] = best
+    return out
+
+
+def test_the_capacity_is_what_the_cells_figures_say(pytester):
+    result = run(pytester, 10, f"--llm-slo={OBJECTIVES}", "--llm-results=r.json")
+    assert result.ret == 0, result.stdout.str()
+    doc = json.loads((pytester.path / "r.json").read_text())
+    reported = {k: v["requests"] for k, v in doc["run"]["capacity"].items()}
+    assert reported == read_capacity(doc)
+    assert reported == {"8K": 16, "32K": 4}, doc["run"]["capacity"]
+    # what stopped each: the cell's own words
+    assert doc["run"]["capacity"]["8K"]["stopped_by"].startswith("64 misses per_request_tok_s: ")
+    assert doc["run"]["settings"]["slo"] == OBJECTIVES
+    shown = result.stdout.str()
+    assert f"Capacity at {OBJECTIVES}" in shown
+    assert "  8K: 16 requests (64 misses per_request_tok_s: " in shown
+    for c in doc["cells"]:
+        if c["phase"] == "decode" and c["status"] == "valid":
+            assert c["slo"] in ("meets", "too close to call") or c["slo"].startswith("misses")
+            assert 0 <= c["goodput_tok_s"] <= c["total_tok_s"] * 1.0001
+
+
+def test_a_run_whose_capacity_dropped_fails_the_gate_and_an_unchanged_one_passes(pytester):
+    saved = run(pytester, 10, f"--llm-slo={OBJECTIVES}", "--llm-save-baseline=b.toml")
+    assert saved.ret == 0, saved.stdout.str()
+    text = (pytester.path / "b.toml").read_text()
+    assert f'objectives = "{OBJECTIVES}"' in text
+    assert 'capacity = { "8K" = 16, "32K" = 4 }' in text
+    same = run(pytester, 10, f"--llm-slo={OBJECTIVES}", "--llm-baseline=b.toml")
+    assert same.ret == 0, same.stdout.str()
+    slower = run(pytester, 9, f"--llm-slo={OBJECTIVES}", "--llm-baseline=b.toml", "--llm-confirm=0")
+    assert slower.ret == 1
+    out = slower.stdout.str()
+    assert "8K: capacity at SLO 16 → below 16: decode[8K-c16] misses per_request_tok_s" in out
+    assert "DROPPED: capacity at SLO 16 → 4 (baseline)" in out
+    # objectives other than the baseline's: said once, capacity not gated
+    other = run(pytester, 10, "--llm-slo=ttft<=2s", "--llm-baseline=b.toml")
+    assert other.ret == 0, other.stdout.str()
+    assert "capacity at other objectives" in other.stdout.str()
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("ttft_p95<=2s", "unknown figure 'ttft_p95'"),
+        ("ttft_p90<=2", "has no unit"),
+        ("ttft_p90>=2s", "its bound is at most (<=)"),
+    ],
+)
+def test_a_bad_objective_is_one_usage_line(pytester, value, says):
+    result = pytester.runpytest(f"--llm-endpoint={PROFILE}", f"--llm-slo={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert f"--llm-slo='{value}': " in err and says in err, err
+    assert "Traceback" not in err + result.stdout.str()
