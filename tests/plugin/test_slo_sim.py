@@ -4,6 +4,7 @@ the results file; a baseline keeps it and a slower run that loses a cell fails t
 objective is one line."""
 
 import json
+from xml.etree import ElementTree
 
 import pytest
 
@@ -19,9 +20,10 @@ ARGS = (
     "-p",
     "no:randomly",
 )
-#: at speed 10 the 8K cells' per-request tok/s are about 1,470 / 1,380 / 1,070 / 500 (c1 / c4 /
-#: c16 / c64): 1,000 lies between c16 and c64, and 10 % slower puts c16 below it
-OBJECTIVES = "per_request_tok_s>=1000,ttft<=1s"
+#: at speed 10 the 8K cells' per-request tok/s are about 1,474 ± 0.8 % / 1,380 ± 0.8 % / 1,073
+#: ± 8 % / 498 ± 6 % (c1 / c4 / c16 / c64): 1,300 lies between c4 and c16, and 10 % slower
+#: puts c4 (1,242) below it; 32K: 1,442 / 1,273 / 863
+OBJECTIVES = "per_request_tok_s>=1300,ttft<=1s"
 
 
 def run(pytester, speed, *extra):
@@ -43,7 +45,7 @@ def read_capacity(doc):
             # a figure without an interval (one request in the window): its value
             rate_low = (c.get("per_request_tok_s_ci") or [c["per_request_tok_s"]])[0]
             ttft_high = (c.get("ttft_ms_ci") or [c["ttft_ms"]])[-1]
-            if not (rate_low >= 1000 and ttft_high <= 1000):
+            if not (rate_low >= 1300 and ttft_high <= 1000):
                 break
             best = c["concurrency"]
         out[context] = best
@@ -51,21 +53,40 @@ def read_capacity(doc):
 
 
 def test_the_capacity_is_what_the_cells_figures_say(pytester):
-    result = run(pytester, 10, f"--llm-slo={OBJECTIVES}", "--llm-results=r.json")
+    result = run(
+        pytester,
+        10,
+        f"--llm-slo={OBJECTIVES}",
+        "--llm-results=r.json",
+        "--llm-html=page.html",
+        "--junitxml=j.xml",
+    )
     assert result.ret == 0, result.stdout.str()
     doc = json.loads((pytester.path / "r.json").read_text())
     reported = {k: v["requests"] for k, v in doc["run"]["capacity"].items()}
     assert reported == read_capacity(doc)
-    assert reported == {"8K": 16, "32K": 4}, doc["run"]["capacity"]
+    assert reported["8K"] is not None and reported["8K"] < 16, doc["run"]["capacity"]
     # what stopped each: the cell's own words
-    assert doc["run"]["capacity"]["8K"]["stopped_by"].startswith("64 misses per_request_tok_s: ")
+    stop = doc["run"]["capacity"]["8K"]["stopped_by"]
+    assert stop.startswith(f"{reported['8K'] * 4} misses per_request_tok_s: "), stop
     assert doc["run"]["settings"]["slo"] == OBJECTIVES
     shown = result.stdout.str()
     assert f"Capacity at {OBJECTIVES}" in shown
-    assert "  8K: 16 requests (64 misses per_request_tok_s: " in shown
+    assert f"  8K: {reported['8K']} request" in shown
+    assert "SLO ✓" in (pytester.path / "page.html").read_text()
+    # JUnit: each cell's verdict, the run's capacities on the suite
+    suite = ElementTree.parse(pytester.path / "j.xml").find("testsuite")
+    assert suite is not None
+    props = {p.get("name"): p.get("value") for p in suite.iterfind("properties/property")}
+    assert props["llmspeed_slo"] == OBJECTIVES
+    assert props["llmspeed_capacity[8K]"] == str(reported["8K"])
+    verdicts = [
+        p.get("value") or "" for p in suite.iterfind("testcase/properties/property[@name='slo']")
+    ]
+    assert "meets" in verdicts and any(v.startswith("misses") for v in verdicts), verdicts
     for c in doc["cells"]:
         if c["phase"] == "decode" and c["status"] == "valid":
-            assert c["slo"] in ("meets", "too close to call") or c["slo"].startswith("misses")
+            assert c["slo"].startswith(("meets", "misses ", "too close to call: ")), c["slo"]
             assert 0 <= c["goodput_tok_s"] <= c["total_tok_s"] * 1.0001
 
 
@@ -74,14 +95,15 @@ def test_a_run_whose_capacity_dropped_fails_the_gate_and_an_unchanged_one_passes
     assert saved.ret == 0, saved.stdout.str()
     text = (pytester.path / "b.toml").read_text()
     assert f'objectives = "{OBJECTIVES}"' in text
-    assert 'capacity = { "8K" = 16, "32K" = 4 }' in text
+    assert 'capacity = { "8K" = 4, "32K" = 1 }' in text
     same = run(pytester, 10, f"--llm-slo={OBJECTIVES}", "--llm-baseline=b.toml")
     assert same.ret == 0, same.stdout.str()
     slower = run(pytester, 9, f"--llm-slo={OBJECTIVES}", "--llm-baseline=b.toml", "--llm-confirm=0")
     assert slower.ret == 1
     out = slower.stdout.str()
-    assert "8K: capacity at SLO 16 → below 16: decode[8K-c16] misses per_request_tok_s" in out
-    assert "DROPPED: capacity at SLO 16 → 4 (baseline)" in out
+    assert "8K: capacity at SLO 4 → below 4: decode[8K-c4] misses per_request_tok_s" in out
+    assert "8K: 1 request (4 misses per_request_tok_s: " in out
+    assert "DROPPED: capacity at SLO 4 → 1 (baseline)" in out
     # objectives other than the baseline's: said once, capacity not gated
     other = run(pytester, 10, "--llm-slo=ttft<=2s", "--llm-baseline=b.toml")
     assert other.ret == 0, other.stdout.str()

@@ -3,6 +3,7 @@ figures' intervals, the capacity of each context, goodput's counting, and [slo] 
 
 import math
 import random
+from typing import Any
 
 import numpy as np
 import pytest
@@ -96,7 +97,7 @@ def test_the_quantile_interval_covers_the_true_quantile_95_percent_of_the_time()
 
 
 def cell(concurrency=8, context=8192, status=Status.VALID, **figures) -> CellRecord:
-    base = {
+    base: dict[str, Any] = {
         "total_tok_s": 1000.0,
         "per_request_tok_s": 125.0,
         "ttft_ms": 100.0,
@@ -194,9 +195,8 @@ def test_a_cell_at_or_below_the_baselines_capacity_that_misses_is_a_drop():
     )
     assert capacity_miss(2, missed, bounds) is None  # above the baseline's capacity
     assert capacity_miss(8, cell(4, ttft_p90_ms=1900.0), bounds) is None
-    assert capacity_miss(8, cell(1, ttft_p90_ms=2600.0), bounds).startswith(
-        "8K: capacity at SLO 8 → 0: "
-    )
+    first = capacity_miss(8, cell(1, ttft_p90_ms=2600.0), bounds)
+    assert first is not None and first.startswith("8K: capacity at SLO 8 → 0: ")
 
 
 # -- goodput
@@ -262,3 +262,42 @@ def test_a_broken_slo_table_names_its_line(tmp_path, table, says):
     with pytest.raises(BaselineError) as got:
         load(path)
     assert says in str(got.value), got.value
+
+
+# -- compare
+
+
+def results(slo, capacity):
+    from pytest_llmspeed.results import Results, RunInfo
+
+    run = RunInfo(
+        "t", "2026-12-02", "sim", settings={"slo": slo} if slo else {}, capacity=capacity or {}
+    )
+    return Results(run)
+
+
+def test_compare_shows_the_capacities_side_by_side():
+    from pytest_llmspeed.report.compare import capacity_changes
+
+    def cap(**n):
+        return {k.upper(): {"requests": v, "stopped_by": None} for k, v in n.items()}
+
+    old = results("ttft_p90<=2s", cap(_8k=32, _32k=8))
+    new = results("ttft_p90<=2s", cap(_8k=16, _32k=8))
+    assert capacity_changes(old, new) == (
+        "capacity at ttft_p90<=2s:",
+        "_8K: 32 → 16 requests (fewer)",
+        "_32K: 8 → 8 requests",
+    )
+    other = results("ttft_p90<=1s", cap(_8k=16))
+    assert capacity_changes(old, other) == (
+        "capacity at other objectives: ttft_p90<=2s (old), ttft_p90<=1s (new): not compared",
+    )
+    assert capacity_changes(results(None, None), new) == (
+        "capacity at objectives: only this run had them (ttft_p90<=2s)",
+    )
+    assert capacity_changes(results(None, None), results(None, None)) == ()
+    # the results file keeps them: written and read back
+    from pytest_llmspeed.results import loads
+
+    assert loads(new.dumps()).run.capacity == new.run.capacity

@@ -123,6 +123,7 @@ def _next_run(run: LLMSpeedRun, number: int) -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before junitxml writes its file: the suite's properties
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run = _run(session.config)
     if run is None:
@@ -146,6 +147,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         run.store.note(saved)
     if run.server.started:
         run.store.write()  # the notes of the session's end reach the file and the page
+    if run.suite_property is not None:  # with --llm-slo: each context's capacity
+        for context, found in run.store.capacity().items():
+            run.suite_property(f"llmspeed_capacity[{context}]", found["requests"] or 0)
+        if run.settings.slo:
+            run.suite_property("llmspeed_slo", run.store.run_info().settings["slo"])
     run.stop()
 
 

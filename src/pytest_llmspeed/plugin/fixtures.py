@@ -247,9 +247,14 @@ class CellRunner:
 
 
 @pytest.fixture
-def llm_cell(request: pytest.FixtureRequest) -> CellRunner:
-    """Runs a cell for this test and attaches its figures to it."""
-    return CellRunner(request, _active_run(request))
+def llm_cell(
+    request: pytest.FixtureRequest, record_testsuite_property: Callable[[str, object], None]
+) -> CellRunner:
+    """Runs a cell for this test and attaches its figures to it (and, at the session's end,
+    the run's figures to the JUnit test suite: ``record_testsuite_property``)."""
+    run = _active_run(request)
+    run.suite_property = record_testsuite_property
+    return CellRunner(request, run)
 
 
 @pytest.fixture

@@ -44,6 +44,8 @@ class LLMSpeedRun:
         self.plan: list[tuple[CellId, int | None, bool]] = []
         #: sees each decode window about once a second (the live line on a terminal)
         self.on_tick: Callable[[DecodeTick], None] | None = None
+        #: pytest's record_testsuite_property, once a cell ran: the run's own JUnit properties
+        self.suite_property: Callable[[str, object], None] | None = None
 
     def start(self) -> None:
         """Start the server, note what it found, check the baseline's settings against it,

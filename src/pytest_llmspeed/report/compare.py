@@ -99,6 +99,8 @@ class Comparison:
     cells: tuple[CellChange, ...]
     #: why no cell's change is explained, when a run has no server figures at all
     unexplained: str | None = None
+    #: with --llm-slo in both runs: each context's capacity side by side (docs/slo.md)
+    capacity: tuple[str, ...] = ()
 
     def count(self, verdict: Verdict) -> int:
         return sum(1 for c in self.cells if c.verdict is verdict)
@@ -263,7 +265,33 @@ def compare(old: Results, new: Results, tolerance: float = DEFAULT_TOLERANCE) ->
         warnings=tuple(warnings),
         cells=tuple(changes),
         unexplained=_unexplained(old, new),
+        capacity=capacity_changes(old, new),
     )
+
+
+def capacity_changes(old: Results, new: Results) -> tuple[str, ...]:
+    """Both runs' capacity at the objectives, side by side: a heading, then per context
+    ``8K: 32 → 16 requests (fewer)``; one line when only one run has objectives, or when
+    they differ."""
+    a, b = old.run.settings.get("slo"), new.run.settings.get("slo")
+    if not a and not b:
+        return ()
+    if not a or not b or not old.run.capacity or not new.run.capacity:
+        which = "this run" if b else "the earlier run"
+        return (f"capacity at objectives: only {which} had them ({a or b})",)
+    if a != b:
+        return (f"capacity at other objectives: {a} (old), {b} (new): not compared",)
+    out = [f"capacity at {a}:"]
+    contexts = list(old.run.capacity) + [k for k in new.run.capacity if k not in old.run.capacity]
+    for ctx in contexts:
+        ca = old.run.capacity.get(ctx, {}).get("requests")
+        cb = new.run.capacity.get(ctx, {}).get("requests")
+        ra, rb = ca or 0, cb or 0
+        word = " (fewer)" if rb < ra else " (more)" if rb > ra else ""
+        if ctx not in old.run.capacity or ctx not in new.run.capacity:
+            word = " (measured in one run)"
+        out.append(f"{ctx}: {ra} → {rb} requests{word}")
+    return tuple(out)
 
 
 def fmt_change(change: float | None) -> str:
@@ -282,6 +310,9 @@ def lines(cmp: Comparison, old_path: str) -> list[str]:
     out += [f"  warning: {w}" for w in cmp.warnings]
     out += [f"  {d}" for d in cmp.differences]
     out.append("  " + summary_line(cmp))
+    if cmp.capacity:
+        out.append("  " + cmp.capacity[0])
+        out += [f"    {line}" for line in cmp.capacity[1:]]
     for c in cmp.cells:
         if c.verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
             word = "REGRESSION " if c.verdict is Verdict.REGRESSION else "improvement"
@@ -337,6 +368,10 @@ def markdown(cmp: Comparison, old_path: str, new_path: str) -> str:
     parts += [f"> warning: {w}" for w in cmp.warnings]
     parts += [f"- {d}" for d in cmp.differences]
     parts += ["", f"**{summary_line(cmp)}**", "", table, ""]
+    if cmp.capacity:
+        parts += [f"**{cmp.capacity[0].capitalize()}**", ""]
+        parts += [f"- {line}" for line in cmp.capacity[1:]]
+        parts.append("")
     regressions = [c for c in cmp.cells if c.verdict is Verdict.REGRESSION]
     if regressions:
         parts += ["**Regressions**", ""]

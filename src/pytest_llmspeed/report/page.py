@@ -81,6 +81,42 @@ def _badge(cell: CellRecord) -> tuple[str, str]:
     return "", ""
 
 
+def _slo_mark(cell: CellRecord) -> dict[str, str]:
+    """A decode cell against --llm-slo on the matrix: a mark ("SLO ✓", "SLO ✗", "SLO ?") and
+    its words for the hover text; nothing without objectives."""
+    if cell.slo is None:
+        return {"slo": "", "slo_cls": "", "slo_text": ""}
+    if cell.slo == "meets":
+        mark, cls = "SLO ✓", "good"
+    elif cell.slo.startswith("misses"):
+        mark, cls = "SLO ✗", "bad"
+    elif cell.slo.startswith("too close"):
+        mark, cls = "SLO ?", "warn"
+    else:
+        return {"slo": "", "slo_cls": "", "slo_text": cell.slo}
+    good = f"; goodput {fmt_rate(cell.goodput_tok_s)} tok/s" if cell.goodput_tok_s else ""
+    return {"slo": mark, "slo_cls": cls, "slo_text": f"objectives: {cell.slo}{good}"}
+
+
+def _capacity(results: Results) -> dict[str, Any] | None:
+    """The capacity section: the objectives, a line per context, its goodput line."""
+    from .slo import capacity_line, goodput_line
+
+    objectives = results.run.settings.get("slo")
+    if not objectives or not results.run.capacity:
+        return None
+    decode = [c for c in results.cells if c.phase is Phase.DECODE]
+    rows = [
+        {
+            "line": capacity_line(ctx, results.run.capacity[ctx]),
+            "goodput": goodput_line(decode, ctx) or "",
+        }
+        for ctx in order_contexts(decode)
+        if ctx in results.run.capacity
+    ]
+    return {"objectives": objectives, "rows": rows}
+
+
 def _span(labels: list[str]) -> str:
     return labels[0] if len(labels) == 1 else f"{labels[0]}–{labels[-1]}"
 
@@ -208,6 +244,7 @@ def _matrix(cells: list[CellRecord]) -> tuple[list[int], list[dict[str, Any]]]:
                         "cls": "failed" if c.status is Status.FAILED else "",
                         "badge": badge,
                         "badge_cls": badge_cls,
+                        **_slo_mark(c),
                     }
                 )
         rows.append({"label": label, "cells": row})
@@ -386,6 +423,10 @@ def _comparison(cmp: Comparison) -> dict[str, Any]:
     ]
     if cmp.unexplained and any(c.verdict in cls for c in cmp.cells):
         lines.append({"text": cmp.unexplained, "cls": "sub"})
+    if cmp.capacity:  # each context's capacity at the objectives, side by side
+        head, *rest = cmp.capacity
+        text = head.capitalize() + (" " + "; ".join(rest) if rest else "")
+        lines.append({"text": text, "cls": "bad" if "(fewer)" in text else ""})
     return {
         "why": why,
         "old_label": cmp.old_label,
@@ -423,6 +464,7 @@ def render_page(results: Results, comparison: Comparison | None = None) -> Page:
         matrix_columns=columns,
         matrix_rows=matrix_rows,
         over_capacity=any(c.status is Status.OVER_CAPACITY for c in decode),
+        capacity=_capacity(results),
         charts=[_markup(c) for c in _charts(results)],
         details_header=DETAILS_HEADER,
         details_rows=_details(cells),
