@@ -63,6 +63,7 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"--llm-baseline: {text}") from None
         raise
     config.pluginmanager.register(ProgressReporter(config), "llmspeed-progress")
+    config.pluginmanager.register(SuiteProperties(config), "llmspeed-suite-properties")
 
 
 def _run(config: pytest.Config) -> LLMSpeedRun | None:
@@ -123,7 +124,6 @@ def _next_run(run: LLMSpeedRun, number: int) -> str | None:
     return None
 
 
-@pytest.hookimpl(tryfirst=True)  # before junitxml writes its file: the suite's properties
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run = _run(session.config)
     if run is None:
@@ -147,12 +147,26 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         run.store.note(saved)
     if run.server.started:
         run.store.write()  # the notes of the session's end reach the file and the page
-    if run.suite_property is not None:  # with --llm-slo: each context's capacity
+    run.stop()
+
+
+class SuiteProperties:
+    """The run's own JUnit properties, on the test suite: with --llm-slo, the objectives and
+    each context's capacity. Its session-finish hook runs first, before junitxml writes the
+    file (the plugin's own stays where it was: it stops the server others may still ask
+    about)."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        run = _run(self.config)
+        if run is None or run.suite_property is None or not run.settings.slo:
+            return
+        run.suite_property("llmspeed_slo", run.store.run_info().settings["slo"])
         for context, found in run.store.capacity().items():
             run.suite_property(f"llmspeed_capacity[{context}]", found["requests"] or 0)
-        if run.settings.slo:
-            run.suite_property("llmspeed_slo", run.store.run_info().settings["slo"])
-    run.stop()
 
 
 @pytest.hookimpl(optionalhook=True)
