@@ -34,7 +34,7 @@ class Figure:
     key: str  # the results file's key, the record's field
     phase: Where
     label: str  # in messages: "total tok/s", "TTFT ms"
-    unit: str = ""  # "tok/s", "ms", "s"; "" for counts, ratios and words
+    unit: str = ""  # "tok/s", "ms", "s", "fraction" (shown as a %); "" for counts and words
     digits: int = 1  # decimals the baseline writes it with
     #: the value's type: float, int, str, bool, dict (counts by kind), tuple (a series)
     kind: type = float
@@ -129,6 +129,20 @@ FIGURES: tuple[Figure, ...] = (
     # with --llm-slo (docs/slo.md)
     _F("goodput_tok_s", "decode", "goodput tok/s", "tok/s", digits=2, optional=True),
     _F("slo", "decode", "objectives", kind=str, optional=True),
+    # the distance to the bandwidth bound (docs/metrics.md): bytes read per second per GPU,
+    # their share of the GPU's peak, from the server's counter or estimated
+    _F("output_in_flight", "decode", "tokens a request in flight had generated", optional=True),
+    _F("read_gb_s", "decode", "read bandwidth GB/s", "GB/s", optional=True, listed=True),
+    _F(
+        "bandwidth_share",
+        "decode",
+        "share of the bandwidth bound",
+        "fraction",
+        digits=4,
+        optional=True,
+        listed=True,
+    ),
+    _F("bandwidth_from", "decode", "bandwidth from", kind=str, optional=True),
 )
 
 
@@ -198,6 +212,8 @@ def text(figure: Figure, value: Any) -> str:
         return "yes" if value else "no"
     if isinstance(value, int):
         return f"{value:,}"
+    if isinstance(value, float) and figure.unit == "fraction":
+        return f"{value:.1%}"
     if isinstance(value, float):
         return f"{value:,.{figure.digits}f}"
     return str(value)

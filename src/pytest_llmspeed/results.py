@@ -44,8 +44,12 @@ READABLE_VERSIONS = (1,)
 
 K = 1024
 MAX = "max"
+#: a prefill context: the largest prompt the server accepts with one output token
+#: (max_model_len − 1), the model's own limit
+LIMIT = "limit"
 
 __all__ = [
+    "LIMIT",
     "MAX",
     "SCHEMA",
     "CellId",
@@ -132,28 +136,31 @@ def context_label(context: int | str) -> str:
 
 
 def display_label(tokens: int) -> str:
-    """Label for a resolved length in tables: exact K multiples as ``8K``, others rounded down."""
+    """Label for a resolved length in tables: exact K multiples as ``8K``, others from 10K up
+    to the nearest K (``limit`` at max_model_len 262,144 is 262,143 tokens: ``256K``, as the
+    reference page writes it), below that the tokens."""
     if tokens % K == 0 or tokens >= 10 * K:
-        return f"{tokens // K}K"
+        return f"{round(tokens / K)}K"
     return f"{tokens:,}"
 
 
 def _parse_label(label: str) -> int | str:
-    if label == MAX:
-        return MAX
+    if label in (MAX, LIMIT):
+        return label
     if label.endswith("K"):
         return int(label[:-1]) * K
     return int(label)
 
 
-_CELL_ID_RE = re.compile(r"^(?:prefill\[(\d+K?|max)\]|decode\[(\d+K?|max)-c([1-9]\d*)\])$")
+_CELL_ID_RE = re.compile(r"^(?:prefill\[(\d+K?|max|limit)\]|decode\[(\d+K?|max)-c([1-9]\d*)\])$")
 
 
 @dataclass(frozen=True)
 class CellId:
     """The one codec for cell ids: ``decode[32K-c8]``, ``prefill[max]``.
 
-    ``context`` is a token count or ``"max"``; ``concurrency`` is None for prefill cells.
+    ``context`` is a token count, ``"max"`` or (prefill) ``"limit"``; ``concurrency`` is None
+    for prefill cells.
     """
 
     phase: Phase
@@ -649,6 +656,8 @@ class ServerFigures:
     # KV cache
     kv_usage_mean: float | None = None
     kv_usage_max: float | None = None
+    # memory traffic (vLLM / SGLang --enable-mfu-metrics): bytes read per second, per GPU
+    read_bytes_per_s: float | None = None
     # what is not known, and why
     missing: tuple[str, ...] = ()  # figures the server does not expose
     reset: tuple[str, ...] = ()  # figures whose counters went back inside the window
@@ -754,6 +763,13 @@ class CellRecord:
     #: bounds, and the cell against the objectives in words ("meets", "misses ttft_p90: ...")
     goodput_tok_s: float | None = None
     slo: str | None = None
+    #: the distance to the bandwidth bound (docs/metrics.md): the tokens a request in flight
+    #: had generated (time-weighted), GB/s read per GPU, their share of the GPU's peak, and
+    #: where they came from ("server counter", "estimate")
+    output_in_flight: float | None = None
+    read_gb_s: float | None = None
+    bandwidth_share: float | None = None
+    bandwidth_from: str | None = None
     #: total tok/s of each replica, when the server is several replicas (written when set)
     replica_tok_s: tuple[float, ...] | None = None
     #: what the server's /metrics say of the cell's window (None: nothing exposed, or a file

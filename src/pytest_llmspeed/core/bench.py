@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..results import CellId, CellRecord
+from .bandwidth import MemoryModel
 from .client import Connection
 from .errors import LLMSpeedError
 from .matrix import Limits, resolve_context
@@ -68,6 +69,8 @@ class BenchConfig:
     max_error_rate: float = MAX_ERROR_RATE  # failed requests a decode cell allows (a fraction)
     #: --llm-slo's per-request bounds: a decode cell's goodput counts the requests that met them
     request_bounds: RequestBounds | None = None
+    #: what the distance to the bandwidth bound needs (the model's bytes, the GPU's peak)
+    memory: MemoryModel | None = None
 
 
 @dataclass
@@ -277,7 +280,7 @@ class Bench:
             result = self.decode(tokens, concurrency, on_tick)
         except LLMSpeedError as exc:
             return _stopped(cid, exc, tokens)
-        return decode_record(context, result, self.config.max_error_rate)
+        return decode_record(context, result, self.config.max_error_rate, self.config.memory)
 
     def _tokens(self, context: int | str) -> int:
         tokens = self.resolve(context)

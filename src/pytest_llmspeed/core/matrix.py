@@ -6,9 +6,10 @@ import math
 import re
 from dataclasses import dataclass
 
-from ..results import MAX, K, Status, context_label, display_label
+from ..results import LIMIT, MAX, K, Status, context_label, display_label
 
 __all__ = [
+    "LIMIT",
     "MAX",
     "Limits",
     "MatrixError",
@@ -31,19 +32,27 @@ class MatrixError(ValueError):
     """A matrix option value that cannot be parsed."""
 
 
-def parse_contexts(text: str) -> list[int | str]:
-    """``"8K,16K,max"`` → ``[8192, 16384, "max"]``. K is 1024 tokens."""
+def parse_contexts(text: str, prefill: bool = False) -> list[int | str]:
+    """``"8K,16K,max"`` → ``[8192, 16384, "max"]``. K is 1024 tokens. ``prefill``: the
+    contexts of prefill cells, which may also be ``limit`` (the largest prompt the server
+    accepts with one output token)."""
     out: list[int | str] = []
     for raw in _split(text):
         item = raw.strip()
-        if item.lower() == MAX:
-            value: int | str = MAX
+        if item.lower() == LIMIT and not prefill:
+            raise MatrixError(
+                "'limit' is a prefill context (the largest prompt the server accepts with one "
+                "output token): a decode cell needs room for its output, use 'max'; or give "
+                "limit in --llm-prefill-contexts"
+            )
+        if item.lower() in (MAX, LIMIT):
+            value: int | str = item.lower()
         else:
             m = _CONTEXT_RE.match(item)
             if not m:
                 raise MatrixError(
                     f"context {item!r} is not a token count: use a number of tokens (8192), "
-                    "a K multiple (8K = 8192 tokens) or 'max'"
+                    "a K multiple (8K = 8192 tokens), 'max'" + (" or 'limit'" if prefill else "")
                 )
             number = float(m.group(1)) * (K if m.group(2) else 1)
             if number != int(number) or number < 1:
@@ -75,7 +84,7 @@ def parse_concurrency(text: str) -> list[int]:
 def normalize_context(context: int | str) -> int | str:
     """A context as a test parameter may be given as ``"32K"``: make it ``32768``."""
     if isinstance(context, str):
-        return parse_contexts(context)[0]
+        return parse_contexts(context, prefill=True)[0]
     return context
 
 
@@ -84,12 +93,13 @@ def _split(text: str) -> list[str]:
 
 
 def resolve_context(context: int | str, max_model_len: int | None, max_output: int) -> int | None:
-    """Tokens of a context; ``max`` is the largest prompt that fits with the output budget."""
-    if context != MAX:
+    """Tokens of a context; ``max`` is the largest prompt that fits with the output budget,
+    ``limit`` the largest with one output token (max_model_len − 1)."""
+    if context not in (MAX, LIMIT):
         return int(context)
     if max_model_len is None:
         return None
-    return max_model_len - max_output
+    return max_model_len - (1 if context == LIMIT else max_output)
 
 
 @dataclass(frozen=True)

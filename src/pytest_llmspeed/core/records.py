@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from ..results import CellId, CellRecord, Samples, Status
+from .bandwidth import MemoryModel, decode_bandwidth
 from .intervals import Interval, median_interval
 from .protocol import DecodeResult, PrefillResult
 from .status import MAX_ERROR_RATE, cell_status
@@ -42,13 +43,28 @@ def prefill_record(context: int | str, result: PrefillResult) -> CellRecord:
 
 
 def decode_record(
-    context: int | str, result: DecodeResult, max_error_rate: float = MAX_ERROR_RATE
+    context: int | str,
+    result: DecodeResult,
+    max_error_rate: float = MAX_ERROR_RATE,
+    memory: MemoryModel | None = None,
 ) -> CellRecord:
     """The decode cell at ``context``: its figures, and its status as
     :func:`~.status.cell_status` decides with ``max_error_rate`` (its reason in the core's
     words; the pytest layer words it with its options)."""
     status = cell_status(result, max_error_rate)
     s = result.stats
+    bw = (
+        decode_bandwidth(
+            memory,
+            result.server,
+            context_tokens=result.context,
+            running=s.avg_active,
+            mean_output=s.mean_output_in_flight,
+            per_request_tok_s=s.per_request_tok_s,
+        )
+        if memory is not None
+        else None
+    )
     return CellRecord(
         id=CellId.decode(context, result.concurrency),
         status=status.status,
@@ -95,6 +111,10 @@ def decode_record(
         drift=round(s.drift.change, 4) if s.drift and s.drift.flagged else None,
         little_residual=_r(s.little_residual, 4),
         goodput_tok_s=_r(result.goodput_tok_s, 2),
+        output_in_flight=_r(s.mean_output_in_flight, 1),
+        read_gb_s=_r(bw.bytes_per_s / 1e9, 1) if bw else None,
+        bandwidth_share=_r(bw.share, 4) if bw else None,
+        bandwidth_from=bw.how if bw else None,
         precision=_r(s.precision, 4) if result.precision_goal is not None else None,
         window_end=(
             None

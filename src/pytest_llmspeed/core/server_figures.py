@@ -169,6 +169,14 @@ SERIES: tuple[Series, ...] = (
     ),
     # reasons "capacity" (no room to schedule) and "deferred" (LoRA budget, KV transfer, ...)
     Series("waiting_by_reason", "gauge", "vllm:num_requests_waiting_by_reason", None, by="reason"),
+    # memory traffic, only with --enable-mfu-metrics (vLLM and SGLang); vLLM's CPU build reads 0
+    Series(
+        "read_bytes",
+        "counter",
+        "vllm:estimated_read_bytes_per_gpu",
+        "sglang:estimated_read_bytes_per_gpu",
+        sglang_checked=_SGLANG_UNVERIFIED,
+    ),
     Series(
         "kv_usage",
         "gauge",
@@ -211,6 +219,7 @@ FIGURE_SOURCES: dict[str, tuple[str, ...]] = {
     "decode_time_mean_s": ("decode_time",),
     "kv_usage_mean": ("kv_usage",),
     "kv_usage_max": ("kv_usage",),
+    "read_bytes_per_s": ("read_bytes",),
 }
 
 #: the figures of speculative decoding, in ``FIGURE_SOURCES`` order (those read from its series):
@@ -493,6 +502,11 @@ def window_figures(
         if queries is not None and hits is not None:
             counter = "queries/hits"
     kv = _gauge_path("kv_usage", reads)
+    # bytes read per GPU: the replicas' counters summed, over the replicas; a counter that
+    # stays at 0 while steps ran (vLLM's CPU build) counts nothing: not known
+    read = delta("read_bytes")
+    if read is not None and (read <= 0 or duration <= 0):
+        read = None
 
     figures = ServerFigures(
         duration_s=duration,
@@ -525,6 +539,7 @@ def window_figures(
         prefix_cache_counter=counter,
         kv_usage_mean=None if kv is None else kv[0],
         kv_usage_max=None if kv is None else kv[1],
+        read_bytes_per_s=None if read is None else read / duration / max(close.replicas, 1),
     )
     return _with_reasons(figures, open_, close, reset)
 

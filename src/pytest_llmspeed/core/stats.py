@@ -111,6 +111,9 @@ class DecodeStats:
     batches: BatchMeans | None = None
     drift: Drift | None = None
     little_residual: float | None = None
+    #: the tokens a request in flight had received, on average over the window (time-weighted,
+    #: each request over its overlap with the window): its context beyond the prompt
+    mean_output_in_flight: float | None = None
 
     @property
     def precision(self) -> float | None:
@@ -222,6 +225,7 @@ def decode_stats(
         per_request_ci = per_request_interval(arrays, w0, w1, bm.batches, per_request, full)
     # requests in flight: each one's overlap of [t_send, t_end) with the window
     spans = [(tr.t_send, tr.t_end) for tr in traces]
+    held = output_in_flight(traces, w0, w1)
     little = little_residual(spans, w0, w1, concurrency) if concurrency else None
     return DecodeStats(
         output_tokens=out_tokens,
@@ -250,7 +254,28 @@ def decode_stats(
         batches=bm,
         drift=trend(bm.fine_rates) if bm else None,
         little_residual=little,
+        mean_output_in_flight=held,
     )
+
+
+def output_in_flight(traces: Sequence[RequestTrace], w0: float, w1: float) -> float | None:
+    """The output tokens a request in flight had received, averaged over the window: the
+    integral over [w0, w1) of each in-flight request's tokens so far, over the integral of
+    the requests in flight (None: none in flight)."""
+    tokens_time = 0.0
+    flight_time = 0.0
+    for tr in traces:
+        a, b = max(tr.t_send, w0), min(tr.t_end, w1)
+        if b <= a:
+            continue
+        flight_time += b - a
+        if not len(tr.token_times):
+            continue
+        t = np.asarray(tr.token_times, dtype=np.float64)
+        n = np.asarray(tr.token_counts, dtype=np.float64)
+        before = t < b  # tokens that arrived while it was in flight in the window
+        tokens_time += float(np.sum(n[before] * (b - np.maximum(t[before], a))))
+    return tokens_time / flight_time if flight_time > 0 else None
 
 
 def _median(values: Sequence[float]) -> float | None:

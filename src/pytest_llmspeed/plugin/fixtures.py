@@ -195,7 +195,8 @@ class CellRunner:
             pytest.fail(
                 reason if status.status is Status.ERROR else f"{cid}: {reason}", pytrace=False
             )
-        record = decode_record(prefix.param, outcome, max_error_rate)
+        memory = self.run.server.bench.config.memory
+        record = decode_record(prefix.param, outcome, max_error_rate, memory)
         return record.with_status(status.status, reason)
 
     def _fresh_start(self, record: CellRecord) -> None:

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ..core.errors import LLMSpeedError, redact
 from ..core.matrix import Skip, context_label, decode_skip, exceeds_max_model_len
-from ..results import MAX, CellId, Status
+from ..results import LIMIT, MAX, CellId, Status
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -149,18 +149,58 @@ class ServerUnderTest:
                 + ", ".join(public_url(u) for u in self.info.metrics_urls)
             )
         self.notes.extend(self.dialect.notes)
-        if self.info.max_model_len is None and MAX in (*s.contexts, *s.prefill_contexts):
+        named = [c for c in (MAX, LIMIT) if c in (*s.contexts, *s.prefill_contexts)]
+        if self.info.max_model_len is None and named:
             raise LLMSpeedError(
-                "the context 'max' needs the server's max_model_len, which it does not report "
-                "(not in /v1/models, nor in a /tokenize answer)",
+                f"the context '{named[0]}' needs the server's max_model_len, which it does not "
+                "report (not in /v1/models, nor in a /tokenize answer): give it with "
+                "--llm-max-model-len, or drop the context",
                 setting="max_model_len",
             )
-        if s.serve_plan is not None or _loopback(self.base_url):
-            from ..core.machine import hardware
-
-            self.machine = hardware()  # the server runs on this machine
+        self._memory()
         if self.info.kv_capacity is None:
             self.notes.append("KV capacity unknown: every cell ran (no over-capacity skips)")
+
+    def _memory(self) -> None:
+        """The hardware the server runs on, and what the bandwidth bound needs: the
+        simulator's profile names the GPU it simulates (its peak scaled by the speed, as its
+        steps are); a server started here, or on loopback, runs on this machine."""
+        from ..core.bandwidth import MemoryModel, memory_model
+
+        assert self.bench is not None
+        s = self.settings
+        meta = dict(s.meta)
+        if s.is_sim:
+            from ..sim import parse_sim_spec
+            from ..sim.profiles import get_profile
+
+            options = parse_sim_spec(s.endpoint)
+            profile = get_profile(options.profile)
+            if profile.hardware:
+                speed = f"{options.speed:g}x"
+                self.machine = {"hardware": f"{profile.hardware} (simulated, speed {speed})"}
+            model = memory_model(
+                meta,
+                hardware=profile.hardware,
+                weight_bytes=profile.weight_bytes,
+                kv_bytes_per_token=profile.kv_bytes_per_token,
+                source=f"the simulator's profile {profile.name}",
+            )
+            if model.peak_bytes_per_s and "peak_bandwidth" not in meta:
+                model = MemoryModel(
+                    model.weight_bytes,
+                    model.kv_bytes_per_token,
+                    model.peak_bytes_per_s * options.speed,
+                    model.source,
+                    f"{model.peak_source}, × speed {options.speed:g} (simulated)",
+                )
+        else:
+            if s.serve_plan is not None or _loopback(self.base_url):
+                from ..core.machine import hardware
+
+                self.machine = hardware()  # the server runs on this machine
+            model = memory_model(meta)
+        self.bench.config.memory = model
 
     def restart(self) -> None:
         """Stop the server the session started and start it again: a fresh start (the engine
@@ -291,12 +331,14 @@ class ServerUnderTest:
         if tokens is None:
             return Skip(
                 Status.DOES_NOT_FIT,
-                "context 'max' needs the server's max_model_len, which it does not report",
+                f"context '{cid.context}' needs the server's max_model_len, which it does not "
+                "report",
             )
         if tokens < 1:
             return Skip(
                 Status.DOES_NOT_FIT,
-                f"context max resolves to {tokens} tokens (max_model_len too small for output)",
+                f"context {cid.context} resolves to {tokens} tokens (max_model_len too small "
+                "for the output)",
             )
         if cid.concurrency is None:
             return exceeds_max_model_len(tokens, 1, limits)

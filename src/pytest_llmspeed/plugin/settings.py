@@ -95,7 +95,11 @@ OPTIONS: tuple[Option, ...] = (
         "prompt that fits with the output)",
         default=DEFAULT_CONTEXTS,
     ),
-    Option("prefill-contexts", "prefill contexts (default: the decode contexts)"),
+    Option(
+        "prefill-contexts",
+        "prefill contexts (default: the decode contexts); also 'limit', the largest prompt the "
+        "server accepts with one output token (max_model_len − 1), e.g. 8K,128K,max,limit",
+    ),
     Option(
         "concurrency",
         "requests kept in flight in decode cells, e.g. 1,2,4,8",
@@ -537,7 +541,9 @@ def _derive_endpoint(config: pytest.Config, values: dict[str, Any]) -> None:
 
 
 def _meta(items: list[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
-    """``KEY=VALUE`` items → pairs (quotes around a value dropped; secrets redacted)."""
+    """``KEY=VALUE`` items → pairs (quotes around a value dropped; secrets redacted; the sizes
+    the bandwidth bound reads checked)."""
+    from ..core.bandwidth import check_meta
     from ..core.errors import redact_secrets
 
     out: dict[str, str] = {}
@@ -548,6 +554,10 @@ def _meta(items: list[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
         value = value.strip()
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
             value = value[1:-1]
+        try:
+            check_meta({key.strip(): value})
+        except ValueError as exc:
+            raise _bad(source, item, str(exc).partition(": ")[2]) from None
         out[key.strip()] = redact_secrets(f"{key.strip()}={value}").partition("=")[2]
     return tuple(out.items())
 
@@ -569,7 +579,7 @@ def unwritable(path: str) -> str | None:
 
 def _convert(key: str, value: str) -> Any:
     if key in ("contexts", "prefill_contexts"):
-        return tuple(parse_contexts(value))
+        return tuple(parse_contexts(value, prefill=key == "prefill_contexts"))
     if key == "concurrency":
         return tuple(parse_concurrency(value))
     if key == "precision":

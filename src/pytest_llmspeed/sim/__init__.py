@@ -74,6 +74,8 @@ class SimOptions:
     accept: float | None = None
     max_num_seqs: int | None = None
     kv_preempt: int | None = None
+    #: expose vLLM's --enable-mfu-metrics counters (estimated read bytes per GPU)
+    mfu_metrics: bool = False
 
     def __post_init__(self) -> None:
         profile = get_profile(self.profile)
@@ -131,6 +133,15 @@ class SimOptions:
         return capacity // profile.block_size * profile.block_size
 
 
+def _flag(value: str) -> bool:
+    """A switch in a simulator spec: ``mfu_metrics`` or ``mfu_metrics=1`` / ``true`` / ``0``."""
+    if value.lower() in ("1", "true", "yes", ""):
+        return True
+    if value.lower() in ("0", "false", "no"):
+        return False
+    raise ValueError(value)
+
+
 _CONVERTERS: dict[str, Any] = {
     "host": str,
     "port": int,
@@ -149,6 +160,7 @@ _CONVERTERS: dict[str, Any] = {
     "accept": float,
     "max_num_seqs": int,
     "kv_preempt": int,
+    "mfu_metrics": _flag,
 }
 
 
@@ -182,7 +194,7 @@ def parse_sim_spec(spec: str) -> SimOptions:
         try:
             values[name] = _CONVERTERS[name](raw)
         except ValueError:
-            kind = "an integer" if _CONVERTERS[name] is int else "a number"
+            kind = {int: "an integer", _flag: "1 or 0"}.get(_CONVERTERS[name], "a number")
             raise ValueError(
                 f"bad value {raw!r} for simulator option {key!r} in {spec!r}: expected {kind}"
             ) from None
@@ -278,6 +290,8 @@ def cli_args(options: SimOptions) -> list[str]:
     ]
     if options.start_noise:
         args += ["--start-noise", repr(options.start_noise)]
+    if options.mfu_metrics:
+        args.append("--enable-mfu-metrics")
     for flag, value in (
         ("--kv-capacity", options.kv_capacity),
         ("--max-model-len", options.max_model_len),

@@ -46,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV cache size in tokens (default: the profile's)",
     )
     parser.add_argument(
+        "--enable-mfu-metrics",
+        action="store_true",
+        help="expose vLLM's MFU counter vllm:estimated_read_bytes_per_gpu_total (the bytes the "
+        "steps read, from the profile's weight and KV bytes)",
+    )
+    parser.add_argument(
         "--kv-preempt",
         type=int,
         default=None,
@@ -194,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
             accept=args.accept,
             max_num_seqs=args.max_num_seqs,
             kv_preempt=args.kv_preempt,
+            mfu_metrics=args.enable_mfu_metrics,
         )
     except ValueError as exc:
         parser.error(str(exc))

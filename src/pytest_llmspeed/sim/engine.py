@@ -174,6 +174,8 @@ class EngineStats:
     preemptions: int = 0
     #: simulated seconds of the steps completed (after speed and noise): the model's own clock
     step_seconds: float = 0.0
+    #: bytes the completed steps read (the weights, the KV cache they attended over)
+    read_bytes: float = 0.0
     finished: dict[str, int] = field(default_factory=dict)
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
@@ -252,6 +254,8 @@ class StepPlan:
     decode: list[SimRequest]
     prefill: list[tuple[SimRequest, int]]
     duration: float
+    #: bytes the step reads: the weights once, the KV cache of every context it attends over
+    read_bytes: float = 0.0
 
 
 class BlockPool:
@@ -587,7 +591,20 @@ class EngineCore:
             if preempted != self.stats.preemptions:
                 return self.plan(now)  # all it could run went back to waiting: admit now
             return None
-        return StepPlan(decode, prefill, self.step_time(decode, prefill))
+        return StepPlan(
+            decode, prefill, self.step_time(decode, prefill), self.read_bytes(decode, prefill)
+        )
+
+    def read_bytes(
+        self, decode: Sequence[SimRequest], prefill: Sequence[tuple[SimRequest, int]]
+    ) -> float:
+        """Bytes one step reads (vLLM's ``estimated_read_bytes_per_gpu``): the weights once,
+        and the KV cache of each decoding request's context (prompt + output so far) and of
+        each prefill chunk's context (computed + the chunk)."""
+        p = self.profile
+        ctx = sum(r.prompt_len + r.output for r in decode)
+        ctx += sum(req.computed + q for req, q in prefill)
+        return p.weight_bytes + p.kv_bytes_per_token * ctx
 
     def step_time(
         self, decode: Sequence[SimRequest], prefill: Sequence[tuple[SimRequest, int]]
@@ -619,6 +636,7 @@ class EngineCore:
         bs = self.block_size
         pool = self.pool
         stats.step_seconds += plan.duration
+        stats.read_bytes += plan.read_bytes
         step_tokens = 0  # generated, and the computed prompts of this step's first tokens
         for req, q in plan.prefill:
             if req.state != RUNNING:

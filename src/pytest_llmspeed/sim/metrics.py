@@ -121,6 +121,13 @@ def render_metrics(server: SimServer) -> str:
         "Number of generation tokens processed.",
         stats.generation_tokens,
     )
+    if opts.mfu_metrics:  # vLLM's --enable-mfu-metrics
+        counter(
+            "vllm:estimated_read_bytes_per_gpu_total",
+            "Estimated number of bytes read from memory per GPU (for Model FLOPs Utilization "
+            "calculations).",
+            stats.read_bytes,
+        )
     counter(
         "vllm:prefix_cache_queries_total",
         "Prefix cache queries, in terms of number of queried tokens.",

@@ -67,6 +67,14 @@ class Profile:
     """Per-token chance that an output character comes as two byte tokens, the first empty."""
     vocab_size: int = 32000
     """Token ids are 0 .. vocab_size - 1."""
+    hardware: str = ""
+    """The GPU the profile simulates, as ``nvidia-smi`` names it plus its memory ("" : none):
+    the run's hardware, and the peak bandwidth the share of the bound is taken of."""
+    weight_bytes: float = 0.0
+    """Bytes of weights each engine step reads (0: unknown): the read-bytes counter and the
+    bandwidth estimate (docs/metrics.md, "Distance to the bandwidth bound")."""
+    kv_bytes_per_token: float = 0.0
+    """Bytes of KV cache per context token each step reads for every running request."""
 
     @property
     def num_gpu_blocks(self) -> int:

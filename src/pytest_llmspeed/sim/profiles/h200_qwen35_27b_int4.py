@@ -37,4 +37,12 @@ PROFILE = Profile(
     reasoning_tokens=256,
     eos_probability=0.0005,
     byte_pair_probability=0.01,
+    hardware="H200 NVL 141GB",
+    # the model's bytes for the bandwidth bound, an estimate from its shape (not fitted): about
+    # 27 B parameters at 4 bits in the linear layers plus the 16-bit LM head and MTP layer, 16 GB
+    # read per step; 16 full-attention layers of 4 KV heads x 256 dims x 2 (K, V) x 2 bytes =
+    # 64 KiB per token, which puts the reference's 1,441,792-token KV cache at 94.5 GB, what an
+    # H200 NVL at --gpu-memory-utilization 0.88 has left after the weights
+    weight_bytes=16.0e9,
+    kv_bytes_per_token=65536.0,
 )
