@@ -83,6 +83,14 @@ def page(tmp_path_factory):
             'hardware="2-core CPU (simulated GPU)"',
             "--llm-meta",
             "build=dev",
+            # the bandwidth bound's inputs, and objectives every measured cell meets
+            "--llm-meta",
+            "weight_bytes=1GB",
+            "--llm-meta",
+            "kv_bytes_per_token=16KiB",
+            "--llm-meta",
+            "peak_bandwidth=100TB/s",
+            "--llm-slo=ttft_p90<=10s",
             "--llm-launch-command=python -m pytest_llmspeed.sim --api-key sk-do-not-show",
             *common,
         ],
@@ -127,6 +135,10 @@ def test_page_opens_offline_with_every_section_and_drawn_charts(page, tmp_path):
     # why the c64 cell changed, from the server's own figures (a finding whatever the noise;
     # 4K × 64 is over the capacity given)
     assert "decode[1K-c64] " in dom and "at most 32 of 64 requests running (was 64)" in dom
+    # capacity at the objectives, a mark per cell, and the share of the bandwidth bound
+    assert 'id="capacity"' in dom and "1K: 64 requests" in dom
+    assert "4K: 4 requests (64 over capacity)" in dom and "SLO ✓" in dom
+    assert "<th>share of the bandwidth bound</th>" in dom
     assert dom.count('<svg class="chart"') == 5
     assert dom.count('class="mark"') >= 10 and "<polyline" in dom
     assert "sk-do-not-show" not in page.read_text() and "--api-key &lt;redacted&gt;" in dom

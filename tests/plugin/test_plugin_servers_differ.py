@@ -242,3 +242,22 @@ def test_server_without_tokenize_is_one_message_naming_the_url_and_its_purpose(p
             "the server's usage.prompt_tokens) answered HTTP 500: *"
         ]
     )
+
+
+def test_limit_on_a_server_that_does_not_report_max_model_len_is_one_line(pytester):
+    # no /v1/models (the model given) and no /tokenize: max_model_len is nowhere
+    endpoint = f"{TINY}&quirks=models-500,no-tokenize"
+    result = pytester.runpytest(
+        f"--llm-endpoint={endpoint}",
+        "--llm-model=tiny",
+        "--llm-contexts=1K",
+        "--llm-prefill-contexts=1K,limit",
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert (
+        "ERROR: pytest-llmspeed: the context 'limit' needs the server's max_model_len, which it "
+        "does not report (not in /v1/models, nor in a /tokenize answer). Give "
+        "--llm-max-model-len=TOKENS, or drop max and limit from the contexts." in err
+    ), err
+    assert "Traceback" not in err + result.stdout.str()

@@ -23,6 +23,15 @@ def test_parse_contexts_rejects(bad):
         parse_contexts(bad)
 
 
+def test_limit_is_a_prefill_context_only():
+    assert parse_contexts("8K,max,limit", prefill=True) == [8192, "max", "limit"]
+    with pytest.raises(MatrixError, match=r"'limit' is a prefill context .* use 'max'"):
+        parse_contexts("8K,limit")
+    assert str(CellId.parse("prefill[limit]")) == "prefill[limit]"
+    with pytest.raises(ValueError):
+        CellId.parse("decode[limit-c1]")
+
+
 def test_parse_concurrency():
     assert parse_concurrency("1, 2,4,4") == [1, 2, 4]
     with pytest.raises(MatrixError, match="whole number"):
@@ -41,6 +50,10 @@ def test_resolve_max_and_label():
     assert resolve_context("max", 262144, 4096) == 258048
     assert display_label(258048) == "252K"
     assert resolve_context("max", None, 4096) is None
+    # the model's own limit: one output token; shown as the reference page shows it
+    assert resolve_context("limit", 262144, 4096) == 262143
+    assert display_label(262143) == "256K"
+    assert resolve_context("limit", None, 4096) is None
 
 
 def test_over_capacity_reason_shows_the_arithmetic():

@@ -19,7 +19,7 @@ HINTS = {
     "model": "Fix --llm-model.",
     "prompt_form": "(--llm-prompt-form=ids)",
     "api": "(--llm-api=completions)",
-    "max_model_len": "Give --llm-max-model-len=TOKENS, or drop max from --llm-contexts.",
+    "max_model_len": "Give --llm-max-model-len=TOKENS, or drop max and limit from the contexts.",
     "serve_timeout": "(--llm-serve-timeout)",
 }
 

@@ -153,8 +153,7 @@ class ServerUnderTest:
         if self.info.max_model_len is None and named:
             raise LLMSpeedError(
                 f"the context '{named[0]}' needs the server's max_model_len, which it does not "
-                "report (not in /v1/models, nor in a /tokenize answer): give it with "
-                "--llm-max-model-len, or drop the context",
+                "report (not in /v1/models, nor in a /tokenize answer)",
                 setting="max_model_len",
             )
         self._memory()
