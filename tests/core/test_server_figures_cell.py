@@ -87,7 +87,10 @@ def gauge_mean(name: str, reads: list[MetricsRead]) -> float:
 async def test_decode_figures_are_the_simulators_counters_over_the_window(monkeypatch):
     # 4096-token outputs and a 3 s window: no request ends, none starts inside it (a step at
     # ~4 ms makes ~2 tokens per request): a decode-only window, where the counters are exact
-    with running_simulator_process(SimOptions(profile="tiny")) as url:
+    # mfu_metrics: every series the figures read is exposed; tiny's profile has no bytes, so
+    # the read-bytes counter stays at 0, as vLLM's CPU build's does
+    options = SimOptions(profile="tiny", mfu_metrics=True)
+    with running_simulator_process(options) as url:
         result, reads = await measure(url, monkeypatch, 4, 4096, 3.0)
     got = result.server
     assert got is not None
@@ -131,6 +134,8 @@ async def test_decode_figures_are_the_simulators_counters_over_the_window(monkey
     assert got.kv_usage_mean == pytest.approx(gauge_mean("vllm:kv_cache_usage_perc", inside))
     assert got.preemptions == 0
     assert got.missing == () and got.reset == ()
+    assert rise("vllm:estimated_read_bytes_per_gpu_total", open_, close) == 0
+    assert got.read_bytes_per_s is None  # a counter at 0 while steps ran counts nothing
     assert cell_status(result).valid
     assert counter_disagreement(result) is None
 
