@@ -332,10 +332,14 @@ class Capacity:
     stopped_by: str | None  # "64 misses ttft_p90: 4.3 s > 2 s", "8 over capacity"; None: none
 
     def line(self) -> str:
-        n = f"{self.requests} requests" if self.requests else "none"
-        if self.requests == 1:
-            n = "1 request"
-        return f"{self.context}: {n}" + (f" ({self.stopped_by})" if self.stopped_by else "")
+        """``8K: 32 requests (64 misses ttft_p90: 4.3 s > 2 s)``"""
+        n = self.requests
+        count = "none" if not n else "1 request" if n == 1 else f"{n} requests"
+        return f"{self.context}: {count}" + (f" ({self.stopped_by})" if self.stopped_by else "")
+
+    def to_dict(self) -> dict[str, int | str | None]:
+        """As the results file keeps it under ``run.capacity``."""
+        return {"requests": self.requests, "stopped_by": self.stopped_by}
 
 
 def capacities(cells: Iterable[CellRecord], bounds: Sequence[Bound]) -> dict[str, Capacity]:

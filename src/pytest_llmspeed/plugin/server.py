@@ -9,6 +9,7 @@ Import-light: the core's client and the simulator are imported when the server s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
@@ -164,7 +165,7 @@ class ServerUnderTest:
         """The hardware the server runs on, and what the bandwidth bound needs: the
         simulator's profile names the GPU it simulates (its peak scaled by the speed, as its
         steps are); a server started here, or on loopback, runs on this machine."""
-        from ..core.bandwidth import MemoryModel, memory_model
+        from ..core.bandwidth import memory_model
 
         assert self.bench is not None
         s = self.settings
@@ -186,12 +187,10 @@ class ServerUnderTest:
                 source=f"the simulator's profile {profile.name}",
             )
             if model.peak_bytes_per_s and "peak_bandwidth" not in meta:
-                model = MemoryModel(
-                    model.weight_bytes,
-                    model.kv_bytes_per_token,
-                    model.peak_bytes_per_s * options.speed,
-                    model.source,
-                    f"{model.peak_source}, × speed {options.speed:g} (simulated)",
+                model = dataclasses.replace(
+                    model,
+                    peak_bytes_per_s=model.peak_bytes_per_s * options.speed,
+                    peak_source=f"{model.peak_source}, × speed {options.speed:g} (simulated)",
                 )
         else:
             if s.serve_plan is not None or _loopback(self.base_url):

@@ -90,7 +90,7 @@ class CellStore:
         from ..gate.slo import capacities
 
         found = capacities(self.cells.values(), self.settings.slo)
-        return {k: {"requests": c.requests, "stopped_by": c.stopped_by} for k, c in found.items()}
+        return {k: c.to_dict() for k, c in found.items()}
 
     def results(self) -> Results:
         return Results(self.run_info(), tuple(self.cells.values()))

@@ -7,16 +7,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..gate.slo import Capacity
 from ..results import CellRecord, Phase, order_contexts
 from .terminal import fmt_rate
 
 
 def capacity_line(context: str, entry: Mapping[str, Any]) -> str:
-    """``8K: 32 requests (64 misses ttft_p90: 4.3 s > 2 s)``"""
-    n = entry.get("requests")
-    count = "none" if not n else "1 request" if n == 1 else f"{n} requests"
-    stop = entry.get("stopped_by")
-    return f"{context}: {count}" + (f" ({stop})" if stop else "")
+    """A context's capacity as the results file keeps it, in words (``Capacity.line``)."""
+    return Capacity(context, entry.get("requests"), entry.get("stopped_by")).line()
 
 
 def goodput_line(cells: Sequence[CellRecord], context: str) -> str | None:
