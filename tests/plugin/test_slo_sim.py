@@ -114,7 +114,7 @@ def test_a_run_whose_capacity_dropped_fails_the_gate_and_an_unchanged_one_passes
     ("value", "says"),
     [
         ("ttft_p95<=2s", "unknown figure 'ttft_p95'"),
-        ("ttft_p90<=2", "has no unit"),
+        ("ttft_p90<=2", "the bound has no unit"),
         ("ttft_p90>=2s", "its bound is at most (<=)"),
     ],
 )

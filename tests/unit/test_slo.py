@@ -45,13 +45,15 @@ def test_bounds_are_read_in_the_figures_units():
     ("value", "says"),
     [
         ("ttft_p95<=2s", "unknown figure 'ttft_p95'"),  # ... and lists the valid ones
-        ("ttft_p90<=2", "has no unit: ttft_p90 is a time, give s or ms"),
+        ("ttft_p90<=2", "the bound has no unit: ttft_p90 is a time, give s or ms"),
+        # several bounds: the one that is wrong is named
+        ("ttft<=1s,tbt_p90<=50", "'tbt_p90<=50': the bound has no unit: tbt_p90 is a time"),
         ("ttft_p90>=2s", "ttft_p90 is better lower, so its bound is at most (<=)"),
         ("per_request_tok_s<=20", "per_request_tok_s is better higher, so its bound is at least"),
         ("per_request_tok_s>=20ms", "per_request_tok_s is in tok/s, give no unit or tok/s"),
-        ("tbt_p90<=50us", "has unit 'us': tbt_p90 is a time, give s or ms"),
+        ("tbt_p90<=50us", "the bound has unit 'us': tbt_p90 is a time, give s or ms"),
         ("ttft<=0s", "the bound must be a positive number"),
-        ("ttft", "cannot read 'ttft'"),
+        ("ttft", "cannot read it: write NAME<=VALUE or NAME>=VALUE"),
         ("ttft_p90<=1s,ttft_p90<=2s", "ttft_p90 is bounded twice"),
         (" , ", "give bounds such as"),
     ],
@@ -250,7 +252,10 @@ def test_a_baseline_keeps_the_objectives_and_the_smallest_capacity_of_its_runs(t
 @pytest.mark.parametrize(
     ("table", "says"),
     [
-        ('[slo]\nobjectives = "ttft_p95<=2s"\n', "line 2: [slo] objectives: unknown figure"),
+        (
+            '[slo]\nobjectives = "ttft_p95<=2s"\n',
+            "line 2: [slo] objectives = 'ttft_p95<=2s': unknown figure 'ttft_p95' (figures: ",
+        ),
         ('[slo]\ncapacity = { "8K" = 4 }\n', "line 1: [slo] needs objectives"),
         ('[slo]\nobjectives = "ttft<=2s"\ncapacity = { "8K" = -1 }\n', "line 3: [slo] capacity"),
         ('[slo]\nobjectives = "ttft<=2s"\nmore = 1\n', "[slo]: unknown key 'more'"),

@@ -205,7 +205,10 @@ def _slo(baseline: Baseline, table: Any, text: str, err: Any) -> None:
     try:
         parse(table["objectives"])
     except SLOError as exc:
-        raise err(_line_of(text, "objectives", line - 1), f"[slo] objectives: {exc}") from None
+        raise err(
+            _line_of(text, "objectives", line - 1),
+            f"[slo] objectives = {table['objectives']!r}: {exc}",
+        ) from None
     capacity = table.get("capacity", {})
     if not isinstance(capacity, dict):
         raise err(_line_of(text, "capacity", line - 1), "[slo] capacity must be a table")

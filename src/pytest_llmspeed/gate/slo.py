@@ -110,28 +110,29 @@ def valid_names() -> str:
 
 def parse(text: str) -> tuple[Bound, ...]:
     """``"ttft_p90<=2s,tbt_p90<=50ms,per_request_tok_s>=20"`` → bounds; SLOError, one line
-    naming the part that is wrong and what is valid, otherwise."""
+    saying what is wrong (naming the part, when there are several) and what is valid,
+    otherwise. The caller names the option and its value."""
     names = _names()
     out: list[Bound] = []
     parts = [p for p in text.split(",") if p.strip()]
     if not parts:
         raise SLOError(
-            f"--llm-slo is empty: give bounds such as 'ttft_p90<=2s,tbt_p90<=50ms' "
-            f"(figures: {valid_names()})"
+            f"no bound: give bounds such as 'ttft_p90<=2s,tbt_p90<=50ms' (figures: {valid_names()})"
         )
+    several = len(parts) > 1
     for part in parts:
+        # the part named only when the value has several: the caller shows the value
+        at = f"{part.strip()!r}: " if several else ""
         m = _BOUND.match(part)
         if not m:
             raise SLOError(
-                f"cannot read {part.strip()!r}: write NAME<=VALUE or NAME>=VALUE with a "
+                f"{at}cannot read it: write NAME<=VALUE or NAME>=VALUE with a "
                 f"unit where one is needed, e.g. 'ttft_p90<=2s' or 'per_request_tok_s>=20'"
             )
         name, op, number, unit = m.groups()
         key = names.get(name.lower())
         if key is None:
-            raise SLOError(
-                f"unknown figure {name!r} in {part.strip()!r} (figures: {valid_names()})"
-            )
+            raise SLOError(f"{at}unknown figure {name!r} (figures: {valid_names()})")
         fig = figures.by_key(key)
         short = key.removesuffix("_ms")
         try:
@@ -139,27 +140,26 @@ def parse(text: str) -> tuple[Bound, ...]:
         except ValueError:
             value = math.nan
         if not math.isfinite(value) or value <= 0:
-            raise SLOError(f"{part.strip()!r}: the bound must be a positive number")
+            raise SLOError(f"{at}the bound must be a positive number")
         upper = op in ("<=", "<")
         if upper != (fig.slo == "max"):
             side = "at most (<=)" if fig.slo == "max" else "at least (>=)"
             better = "lower" if fig.slo == "max" else "higher"
             raise SLOError(
-                f"{part.strip()!r}: {short} is better {better}, so its bound is "
+                f"{at}{short} is better {better}, so its bound is "
                 f"{side}, e.g. '{short}{'<=' if fig.slo == 'max' else '>='}{number}{unit}'"
             )
         if fig.unit == "ms":
             if unit.lower() not in _TIME:
-                what = "has no unit" if not unit else f"has unit {unit!r}"
+                what = "no unit" if not unit else f"unit {unit!r}"
                 raise SLOError(
-                    f"{part.strip()!r} {what}: {short} is a time, give s or ms "
+                    f"{at}the bound has {what}: {short} is a time, give s or ms "
                     f"(e.g. '{short}{op}{number}s' or '{short}{op}{number}ms')"
                 )
             value *= _TIME[unit.lower()]
         elif unit.lower() not in _RATE:
             raise SLOError(
-                f"{part.strip()!r}: {short} is in tok/s, give no unit or tok/s "
-                f"(e.g. '{short}{op}{number}')"
+                f"{at}{short} is in tok/s, give no unit or tok/s (e.g. '{short}{op}{number}')"
             )
         text_ = f"{short}{op}{number}{unit}"
         if any(b.key == key and b.upper == upper for b in out):
