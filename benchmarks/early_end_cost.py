@@ -43,6 +43,12 @@ def _counts_before(
 class _Before(_LiveEvents):
     """Session 6's arrays: a Python generator over every read, on every call."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+        self.counts: list[int] = []
+        self.starts: list[float] = []
+
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return (
             np.fromiter((t for t in self.times), dtype=np.float64),
@@ -57,12 +63,16 @@ def replay(live: _LiveEvents, reads: int, streams: int, seed: int = 1) -> list[f
     t = np.sort(rng.uniform(0, 30, reads))
     previous = np.maximum(t - rng.exponential(streams * 30 / reads, reads), 0.0)
     costs = []
+    done = 0
     for i in range(1, 61):
         upto = reads * i // 60
-        done = len(live.times)
-        live.times.extend(t[done:upto].tolist())
-        live.counts.extend([1] * (upto - done))
-        live.starts.extend(previous[done:upto].tolist())
+        if isinstance(live, _Before):
+            live.times.extend(t[done:upto].tolist())
+            live.counts.extend([1] * (upto - done))
+            live.starts.extend(previous[done:upto].tolist())
+        else:  # what update() takes from the streams' tallies since the last call
+            live._pieces.append((t[done:upto], np.ones(upto - done), previous[done:upto]))
+        done = upto
         t0 = time.perf_counter()
         live.precise_enough(0.0, 30.0 * i / 60, 0.01, 30.0)
         costs.append((time.perf_counter() - t0) * 1e3)

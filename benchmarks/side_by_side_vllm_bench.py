@@ -60,6 +60,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +145,7 @@ def co_sent(sends: list[float], within_s: float = COMPANY_S) -> float:
 
 
 def span_figures(
-    requests: list[tuple[float, list[float], list[int]]], s0: float, s1: float
+    requests: Sequence[tuple[float, Sequence[float], Sequence[int]]], s0: float, s1: float
 ) -> dict[str, float | None]:
     """One tool's requests, (t_send, token times, tokens per chunk), over the span [s0, s1)."""
     ttfts, tbts = [], []
@@ -291,8 +292,8 @@ def ensure_pandas() -> None:
 
 
 def arrivals(
-    plugin: list[tuple[float, list[float], list[int]]],
-    vllm: list[tuple[float, list[float], list[int]]],
+    plugin: Sequence[tuple[float, Sequence[float], Sequence[int]]],
+    vllm: Sequence[tuple[float, Sequence[float], Sequence[int]]],
     s0: float,
     s1: float,
     within_s: float = COMPANY_S,
@@ -300,7 +301,7 @@ def arrivals(
     """Each tool's requests sent inside the span as [t_send, TTFT ms, company]: company is how
     many requests of *both* tools (itself included) were sent within ``within_s`` of it, so how
     many new prompts its first step most likely shared the server with."""
-    sends = np.sort([t for t, times, _ in plugin + vllm if times])
+    sends = np.sort([t for t, times, _ in [*plugin, *vllm] if times])
     out: dict[str, list[list[float]]] = {}
     for name, reqs in (("plugin", plugin), ("vllm", vllm)):
         rows = []

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from pytest_llmspeed.core import protocol
-from pytest_llmspeed.core.client import Connection, stream_request
+from pytest_llmspeed.core.client import Connection, StreamRecord, stream_request
 from pytest_llmspeed.core.probe import probe
 from pytest_llmspeed.core.prompts import PromptFactory
 from pytest_llmspeed.core.protocol import negotiate, run_prefill
@@ -56,8 +56,8 @@ async def test_decode_cell_agrees_with_the_servers_own_record(reference_sim, con
 async def test_prefill_ttft_and_exact_prompt_length(reference_sim, monkeypatch):
     records = []
 
-    async def recorded(*args, **kwargs):  # the real request; the test keeps its record
-        records.append(await stream_request(*args, **kwargs))
+    async def recorded(conn, path, payload):  # the real request; the test keeps its record
+        records.append(await stream_request(conn, path, payload, StreamRecord(keep_reads=True)))
         return records[-1]
 
     monkeypatch.setattr(protocol, "stream_request", recorded)

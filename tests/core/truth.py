@@ -211,7 +211,7 @@ async def measure(
         await conn.session.delete(conn.url("/sim/trace"))
         result = await run_decode(
             conn, factory, dialect, server.model, context, concurrency, max_output, duration,
-            **decode,
+            keep_reads=True, **decode,
         )  # fmt: skip
         status, body = await conn.get("/sim/trace")
         assert status == 200

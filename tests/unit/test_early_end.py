@@ -81,9 +81,12 @@ def test_the_early_end_is_decided_on_the_interval_the_cell_records(seed):
     # while the window is open: the live test reads what has arrived, every half second
     live = _LiveEvents()
     growing = [StreamRecord(t_send=rec.t_send) for rec, _ in streams]
+    fed = [0] * len(streams)
     for tick in np.arange(2.0, NOW + 1e-9, 0.5):
-        for g, (rec, _) in zip(growing, streams, strict=True):
-            g.reads[:] = [r for r in rec.reads if r[0] < tick]
+        for i, (g, (rec, _)) in enumerate(zip(growing, streams, strict=True)):
+            while fed[i] < len(rec.reads) and rec.reads[fed[i]][0] < tick:
+                g.tally.feed(*rec.reads[fed[i]])  # as the client counts each read
+                fed[i] += 1
         live.update([g for g in growing if g.t_send < tick])
     times, counts, starts = live.arrays()
     decided = batch_means(times, counts, 0.0, NOW, starts, full=FULL)

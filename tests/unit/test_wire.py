@@ -6,17 +6,16 @@ import json
 import pytest
 
 from pytest_llmspeed.core.wire import (
+    StreamTally,
     answer_prompt_tokens,
     error_message,
-    first_token_in,
-    live_tokens,
     parse_stream,
-    stream_text,
 )
 
 
-def event(obj) -> bytes:
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+def event(obj, compact: bool = False) -> bytes:
+    text = json.dumps(obj, separators=(",", ":") if compact else None)
+    return b"data: " + text.encode() + b"\n\n"
 
 
 ROLE = event({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})  # no token yet
@@ -24,22 +23,16 @@ TOKEN = event({"choices": [{"index": 0, "text": "a"}], "usage": {"completion_tok
 
 
 def test_the_first_token_is_found_in_the_read_that_completes_its_event():
-    pending = bytearray()
-    assert not first_token_in(pending, ROLE)  # an event without output
-    assert not first_token_in(pending, TOKEN[:20])  # an event cut by the read's end
-    assert first_token_in(pending, TOKEN[20:])
+    tally = StreamTally()
+    assert not tally.feed(1.0, ROLE)  # an event without output
+    assert not tally.feed(2.0, TOKEN[:20])  # an event cut by the read's end
+    assert tally.feed(3.0, TOKEN[20:])
+    assert list(tally.usage_times) == [3.0]  # it counts with the read that ends it
+    assert not tally.feed(4.0, TOKEN)  # the first only once
     # usage alone counts: a byte-level model's first token may stream no text
     empty = event({"choices": [{"index": 0, "text": ""}], "usage": {"completion_tokens": 1}})
-    assert first_token_in(bytearray(), empty)
-    assert not first_token_in(bytearray(), b"data: [DONE]\n\n: keep-alive\n\n")
-
-
-def test_live_tokens_count_events_and_read_the_last_usage():
-    two = event({"usage": {"completion_tokens": 7}}) + event({"usage": {"completion_tokens": 9}})
-    assert live_tokens(two) == (2, 9)
-    assert live_tokens(two + b"data: [DONE]\n\n") == (2, 9)
-    assert live_tokens(event({"choices": [{"text": "a"}]})) == (1, None)
-    assert live_tokens(b'data: {"usage": {"completion_tokens": ') == (1, None)  # cut
+    assert StreamTally().feed(1.0, empty)
+    assert not StreamTally().feed(1.0, b"data: [DONE]\n\n: keep-alive\n\n")
 
 
 def test_a_stream_parsed_after_the_cell():
@@ -56,9 +49,11 @@ def test_a_stream_parsed_after_the_cell():
     assert parsed.done and parsed.error is None and parsed.finish_reason == "length"
     assert (parsed.prompt_tokens, parsed.completion_tokens) == (8, 4)
     assert (parsed.chunks, parsed.usage_chunks) == (3, 2)
-    assert parsed.text_times == [1.0, 3.0]
-    assert (parsed.usage_times, parsed.usage_counts) == ([1.0, 2.0, 3.0], [2, 1, 1])
-    assert stream_text(reads) == "abc"
+    assert list(parsed.text_times) == [1.0, 3.0]
+    assert (list(parsed.usage_times), list(parsed.usage_counts)) == ([1.0, 2.0, 3.0], [2, 1, 1])
+    assert parsed.output_text() == ""  # the final usage made the total exact: the text went
+    no_usage = [(t, event({"choices": [{"text": x}]})) for t, x in ((1.0, "ab"), (2.0, "c"))]
+    assert parse_stream(no_usage).output_text() == "abc"  # kept: no total known
 
 
 def test_error_events_and_chat_deltas():
@@ -70,8 +65,80 @@ def test_error_events_and_chat_deltas():
     ]
     parsed = parse_stream(reads)
     assert parsed.error == "boom"  # the first
-    assert parsed.text_times == [1.0, 1.5] and not parsed.done
-    assert stream_text(reads) == "hmhi"
+    assert list(parsed.text_times) == [1.0, 1.5] and not parsed.done
+    assert parsed.output_text() == "hmhi"
+
+
+def _usage_stream(n: int, per_read: int, compact: bool) -> list[tuple[float, bytes]]:
+    """A vLLM-like stream of ``n`` one-token chunks with continuous usage, ``per_read`` chunks
+    a read, each read cut 7 bytes before its end (the rest comes with the next read)."""
+    events = [
+        event({"id": "x", "choices": [{"index": 0, "text": " a", "finish_reason": None}],
+               "usage": {"prompt_tokens": 5, "completion_tokens": c}}, compact)
+        for c in range(1, n)
+    ]  # fmt: skip
+    events.append(
+        event({"id": "x", "choices": [{"index": 0, "text": " a", "finish_reason": "length"}],
+               "usage": {"prompt_tokens": 5, "completion_tokens": n}}, compact)
+    )  # fmt: skip
+    final = {"id": "x", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": n}}
+    events.append(event(final, compact))
+    events.append(b"data: [DONE]\n\n")
+    raw = [b"".join(events[i : i + per_read]) for i in range(0, len(events), per_read)]
+    reads, carry = [], b""
+    for i, data in enumerate(raw):
+        data = carry + data
+        cut = len(data) - 7 if i < len(raw) - 1 else len(data)
+        reads.append((float(i), data[:cut]))
+        carry = data[cut:]
+    return reads
+
+
+@pytest.mark.parametrize("compact", [True, False])
+@pytest.mark.parametrize("per_read", [1, 3])
+def test_counting_without_a_parse_gives_what_the_parse_gives(compact, per_read):
+    """Once a stream shows usage on every chunk, compact reads are counted without JSON; the
+    counts, times and finish are those the event-by-event parse gives."""
+    reads = _usage_stream(40, per_read, compact)
+    tally = parse_stream(reads)
+    assert tally.fast == compact  # the shortcut only for the compact JSON it knows
+    assert tally.done and tally.finish_reason == "length" and tally.usage_per_chunk
+    assert (tally.chunks, tally.usage_chunks, tally.completion_tokens) == (40, 40, 40)
+    assert tally.token_chunks == 40 and sum(tally.usage_counts) == 40
+    # each chunk counts at the read that completed it; the parse keeps an entry a chunk, the
+    # count an entry a read (the figures spread a read's tokens as one: equal either way)
+    arrivals: dict[float, int] = {}
+    ended = 0
+    for t, data in reads:
+        done = min(data.count(b"\n\n"), 40 - ended)  # token chunks completed by this read
+        ended += done
+        if done:
+            arrivals[t] = arrivals.get(t, 0) + done
+    got: dict[float, int] = {}
+    for t, c in zip(tally.usage_times, tally.usage_counts, strict=True):
+        got[t] = got.get(t, 0) + c
+    assert got == arrivals
+    assert tally.text is None  # usage on every chunk: no text kept
+
+
+def test_a_stream_that_stops_sending_usage_keeps_its_chunks():
+    with_usage = [
+        (
+            float(c),
+            event(
+                {
+                    "choices": [{"index": 0, "text": "a", "finish_reason": None}],
+                    "usage": {"completion_tokens": c},
+                },
+                True,
+            ),
+        )
+        for c in range(1, 6)
+    ]  # fmt: skip  (5 chunks with usage: all but the first counted without a parse) ...
+    tail = event({"choices": [{"index": 0, "text": "b", "finish_reason": None}]}, True)
+    tally = parse_stream([*with_usage, (9.0, tail)])  # ... then one without
+    assert not tally.usage_per_chunk and not tally.fast
+    assert len(tally.text_times) == len(tally.usage_times) + 1 == 6  # 5 with usage, 1 without
 
 
 @pytest.mark.parametrize(

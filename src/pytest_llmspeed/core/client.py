@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
 from .errors import KeyRejected, LLMSpeedError, RequestRejected, ServerUnreachable, redact
-from .wire import error_message, first_token_in, parse_stream
+from .wire import StreamTally, error_message, parse_stream
 
 #: aiohttp read buffer: large enough for long responses without line-length limits.
 READ_BUFSIZE = 4 * 1024 * 1024
@@ -164,9 +165,26 @@ class Connection:
         return RequestRejected(status, message, self.url(path) if path else None, purpose)
 
 
+class Stop:
+    """When a cell's streams stop reading (``time.perf_counter``; infinity until set): shared
+    by the streams of one cell, so that a stream whose reads wait in a busy event loop stops
+    at its first read past the time, not when its task is cancelled."""
+
+    __slots__ = ("at",)
+
+    def __init__(self) -> None:
+        self.at = [math.inf]  # a list, so a stream holds the same cell as the window
+
+    def set(self, t: float) -> None:
+        self.at[0] = min(self.at[0], t)
+
+
 @dataclass
 class StreamRecord:
-    """What one streamed request saw: raw reads with their times, then the parsed accounting."""
+    """What one streamed request saw: its events counted as they arrived (``tally``), then the
+    parsed accounting. The raw reads are kept only when asked (``keep_reads``: tests that
+    compare the wire with a server's record); a record made from recorded ``reads`` is counted
+    from them by :func:`account_tokens`."""
 
     t_send: float = 0.0
     reads: list[tuple[float, bytes]] = field(default_factory=list)
@@ -177,9 +195,11 @@ class StreamRecord:
     cancelled: bool = False
     error_setting: str | None = None  # the setting that may fix the error ("timeout")
     replica: int = 0  # which replica served it (core/replicas.py), 0 with one server
+    keep_reads: bool = False
+    tally: StreamTally = field(default_factory=StreamTally, repr=False)
     # filled by account_tokens():
-    token_times: list[float] = field(default_factory=list)  # one entry per token-carrying chunk
-    token_counts: list[int] = field(default_factory=list)
+    token_times: Sequence[float] = field(default_factory=list)  # per token-carrying chunk
+    token_counts: Sequence[int] = field(default_factory=list)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     finish_reason: str | None = None
@@ -191,6 +211,12 @@ class StreamRecord:
     @property
     def n_tokens(self) -> int:
         return sum(self.token_counts)
+
+    @property
+    def chunks(self) -> int:
+        """Token-carrying chunks received (``token_times`` may hold one entry a read, where
+        the chunks of a read were counted together)."""
+        return self.tally.token_chunks if self.count_method == USAGE else len(self.token_counts)
 
 
 #: how a request's tokens were counted, best first (docs/metrics.md, "Token accounting")
@@ -213,7 +239,7 @@ def spread(total: int, chunks: int) -> list[int]:
 
 
 def account_tokens(rec: StreamRecord, max_tokens: int | None = None) -> StreamRecord:
-    """Parse the recorded events into tokens per chunk, the best way the stream allows.
+    """The stream's counted events as tokens per chunk, the best way the stream allows.
 
     - continuous usage (``usage.completion_tokens`` on every chunk): its rise, exact;
     - usage only at the end: that total, exact, spread over the non-empty chunks;
@@ -223,7 +249,11 @@ def account_tokens(rec: StreamRecord, max_tokens: int | None = None) -> StreamRe
       for now, ``count_method = None``; the decode cell replaces it with its finished
       requests' tokens-per-chunk ratio where it can (``chunk-count`` where it cannot).
     """
-    parsed = parse_stream(rec.reads)
+    parsed = rec.tally
+    if rec.reads and not parsed.fed:  # made from recorded reads
+        parsed = rec.tally = parse_stream(rec.reads)
+    else:
+        parsed.close()
     if parsed.error is not None:
         rec.error = rec.error or f"error event: {parsed.error}"
     if parsed.finish_reason is not None:
@@ -234,7 +264,7 @@ def account_tokens(rec: StreamRecord, max_tokens: int | None = None) -> StreamRe
         rec.prompt_tokens = parsed.prompt_tokens
     if parsed.completion_tokens is not None:
         rec.completion_tokens = parsed.completion_tokens
-    if parsed.chunks and parsed.usage_chunks >= parsed.chunks:
+    if parsed.usage_per_chunk:
         rec.usage_per_chunk = True
         rec.count_method = USAGE
         rec.token_times, rec.token_counts = parsed.usage_times, parsed.usage_counts
@@ -263,11 +293,13 @@ async def stream_request(
     payload: dict[str, Any] | bytes,
     rec: StreamRecord | None = None,
     on_first_token: Callable[[StreamRecord], None] | None = None,
+    stop: Stop | None = None,
 ) -> StreamRecord:
-    """Send one streaming request and record every read with its arrival time.
+    """Send one streaming request and count every read at its arrival time (``rec.tally``).
 
     Never raises for server-side problems: they end up in ``rec.error``. Cancellation
-    (the decode window closing) marks ``rec.cancelled`` and re-raises.
+    (the decode window closing) marks ``rec.cancelled`` and re-raises; so does a read that
+    arrives at or after ``stop``'s time (the stream ends there, its read not counted).
     """
     rec = rec or StreamRecord()
     if isinstance(payload, bytes):
@@ -277,9 +309,10 @@ async def stream_request(
         }
     else:
         kwargs = {"json": payload, "headers": conn.headers}
-    pending = bytearray()
-    reads = rec.reads
+    tally = rec.tally
+    reads = rec.reads if rec.keep_reads else None
     clock = time.perf_counter
+    stop_at = stop.at if stop is not None else None
     try:
         rec.t_send = clock()
         async with await conn.send("POST", path, **kwargs) as resp:
@@ -294,8 +327,14 @@ async def stream_request(
                 return rec
             async for data in resp.content.iter_any():
                 t = clock()
-                reads.append((t, data))
-                if rec.t_first is None and first_token_in(pending, data):
+                if stop_at is not None and t >= stop_at[0]:
+                    # the window closed: what comes now is read by nobody (the connection
+                    # is closed with the response), even when the loop is behind
+                    rec.cancelled = True
+                    break
+                if reads is not None:
+                    reads.append((t, data))
+                if tally.feed(t, data) and rec.t_first is None:
                     rec.t_first = t
                     if on_first_token is not None:
                         on_first_token(rec)
@@ -313,4 +352,5 @@ async def stream_request(
     except (aiohttp.ClientConnectionError, OSError) as exc:
         rec.error = f"connection failed: {exc}"
     rec.t_end = clock()
+    tally.close()  # its text goes, where its total is exact
     return rec

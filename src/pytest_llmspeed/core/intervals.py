@@ -193,6 +193,16 @@ def batch_means(
         return None
     k = start_batches(measured)
     tokens = batch_counts(times, counts, w0, w1, k, starts)
+    mean = float(counts[(times >= w0) & (times < w1)].sum()) / measured
+    return batch_means_of(tokens, mean, measured, full)
+
+
+def batch_means_of(
+    tokens: np.ndarray, mean: float, measured: float, full: float | None = None
+) -> BatchMeans:
+    """:func:`batch_means` from the tokens of each of its starting batches (a window's, summed
+    request by request: no array of every chunk at once) and the window's ``mean`` tok/s."""
+    k = len(tokens)
     fine = tuple(float(r) for r in tokens / (measured / k))
     correlated = von_neumann_correlated(detrended(tokens))
     while correlated and k > MIN_BATCHES:
@@ -200,7 +210,6 @@ def batch_means(
         k //= 2
         correlated = von_neumann_correlated(detrended(tokens))
     rates = tokens / (measured / k)
-    mean = float(counts[(times >= w0) & (times < w1)].sum()) / measured
     return BatchMeans(
         window_interval(rates, mean, measured, full),
         k,
@@ -295,21 +304,22 @@ def per_request_interval(
     the whole window's ``value`` (a batch without a figure is left out). None when fewer than
     half the batches have one."""
     edges = np.linspace(w0, w1, k + 1)
-    figures = []
-    for j in range(k):
-        a, b = edges[j], edges[j + 1]
-        num = den = 0.0
-        for times, counts in requests:
-            inside = (times >= a) & (times < b)
-            if not inside.any():
-                continue
-            t_in = times[inside]
-            n_i = float(counts[inside].sum())
-            if n_i >= 2 and t_in[-1] > t_in[0]:
-                num += n_i * (n_i - 1) / (t_in[-1] - t_in[0])
-                den += n_i
-        figures.append(num / den if den else math.nan)
-    f = np.asarray(figures)
+    num = np.zeros(k)
+    den = np.zeros(k)
+    for times, counts in requests:  # each request's arrivals in order: its batches at once
+        if not len(times):
+            continue
+        at = np.searchsorted(times, edges, side="left")  # batch j: chunks at[j] .. at[j+1]-1
+        lo, hi = at[:-1], at[1:]
+        total = np.concatenate(([0.0], np.cumsum(counts, dtype=np.float64)))
+        n = total[hi] - total[lo]
+        first = times[np.minimum(lo, len(times) - 1)]
+        last = times[np.maximum(hi - 1, 0)]
+        ok = (hi > lo) & (n >= 2) & (last > first)
+        num[ok] += n[ok] * (n[ok] - 1) / (last[ok] - first[ok])
+        den[ok] += n[ok]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        f = np.where(den > 0, num / den, math.nan)
     if int((~np.isnan(f)).sum()) < MIN_BATCHES // 2:
         return None
     return window_interval(f, value, w1 - w0, full)

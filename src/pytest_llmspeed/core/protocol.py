@@ -26,12 +26,14 @@ from .client import (
     TOKENIZE,
     USAGE,
     Connection,
+    Stop,
     StreamRecord,
     account_tokens,
     spread,
     stream_request,
 )
 from .errors import KeyRejected, LLMSpeedError, RequestRejected, WrongPromptLength
+from .heartbeat import Heartbeat, LoopLag
 from .intervals import batch_means, counter_gap, trend
 from .probe import (
     SNAPSHOT_FAMILIES,
@@ -61,7 +63,7 @@ from .stats import (
     prompt_tok_s,
 )
 from .tokenize import ServerTokenizer
-from .wire import Dialect, live_tokens, request_fields, stream_text
+from .wire import Dialect, StreamTally, request_fields
 
 #: tokens of the dialect's second small request, when its first streamed a single chunk
 PROBE_MORE_TOKENS = 16
@@ -144,7 +146,7 @@ async def _negotiate_fields(
         )
         if not rec.error:
             account_tokens(rec, tokens)
-            if rec.usage_per_chunk and len(rec.token_times) < 2 and tokens < PROBE_MORE_TOKENS:
+            if rec.usage_per_chunk and rec.chunks < 2 and tokens < PROBE_MORE_TOKENS:
                 tokens = PROBE_MORE_TOKENS  # one chunk cannot tell
                 continue
             if not rec.usage_per_chunk:
@@ -317,10 +319,17 @@ class DecodeResult:
     server: ServerFigures | None = None
     #: output tok/s of the requests that met --llm-slo's per-request bounds (None: no bounds)
     goodput_tok_s: float | None = None
+    #: how late the client's event loop ran over the window (None: not measured)
+    client_lag: LoopLag | None = None
 
     @property
     def error_rate(self) -> float:
         return sum(self.errors.values()) / max(self.stats.requests, 1)
+
+    @property
+    def client_note(self) -> str | None:
+        """The client could not keep up with the server (its event loop behind)."""
+        return self.client_lag.note() if self.client_lag is not None else None
 
 
 async def run_decode(
@@ -339,6 +348,7 @@ async def run_decode(
     on_tick: Callable[[DecodeTick], None] | None = None,
     keep_server: bool = True,
     request_bounds: RequestBounds | None = None,
+    keep_reads: bool = False,
 ) -> DecodeResult:
     """N streams in flight, restarted at once; a D-second window opened when the first N
     streams all have their first token; every open stream cancelled at the window's end.
@@ -357,8 +367,16 @@ async def run_decode(
     baseline).
 
     With ``request_bounds`` (--llm-slo), the cell's goodput: the output tok/s of the requests
-    that met them (:func:`~.stats.goodput`, docs/slo.md)."""
+    that met them (:func:`~.stats.goodput`, docs/slo.md).
+
+    The streams are counted as they arrive (:class:`~.wire.StreamTally`) and stop reading once
+    the window has closed (after the close's ``/metrics`` read, the referee's, when there is
+    one). A heartbeat measures how late the event loop runs: a client that cannot keep up
+    with the server says so (``DecodeResult.client_note``). ``keep_reads``: every stream's raw
+    reads kept too (tests that compare the wire with the server's record)."""
     n = concurrency
+    stop = Stop()
+    heart = Heartbeat()
     records: list[StreamRecord] = []
     slots_with_token: set[int] = set()
     opened = asyncio.Event()
@@ -402,10 +420,10 @@ async def run_decode(
                 body = bodies[(counter - 1) % pool_size]
             else:
                 body = (await factory.prompt(context, factory.next_index(context))).encode(fields)
-            rec = StreamRecord()
+            rec = StreamRecord(keep_reads=keep_reads)
             records.append(rec)
             try:
-                await stream_to(conn, dialect.path, body, rec, first_token(slot))
+                await stream_to(conn, dialect.path, body, rec, first_token(slot), stop)
             except KeyRejected:
                 # the key stopped working: stop the cell now (not at the window's timeout)
                 aborted = aborted or "the server rejected the API key"
@@ -434,6 +452,7 @@ async def run_decode(
     read_close: MetricsRead | None = None
     polls: list[MetricsRead] = []
     tasks = [loop.create_task(worker(i)) for i in range(n)]
+    beat = loop.create_task(heart.run())
     try:
         timeout = open_timeout if open_timeout is not None else conn.timeout
         try:
@@ -448,6 +467,8 @@ async def run_decode(
         if opened_in_time:
             w0 = window_open_at[0]
             w1 = w0 + duration
+            if before is None:
+                stop.set(w1)  # no referee to read at the close: nothing after it is needed
             if before is not None:
                 read_open = await _read(conn)
             step = 1.0 if precision is None else 0.5
@@ -471,9 +492,11 @@ async def run_decode(
             w0 = w1 = t_stop = time.perf_counter()
     finally:
         stopping = True
-        for t in tasks:
+        stop.set(time.perf_counter())
+        for t in (*tasks, beat):
             t.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(beat, return_exceptions=True)
     for res in results:
         if isinstance(res, KeyRejected):
             raise res
@@ -522,6 +545,7 @@ async def run_decode(
         precision_goal=precision,
         ended_precise=ended_precise,
         server=server,
+        client_lag=heart.lag(w0, min(w1, max(t_stop, w0))),
     )
 
 
@@ -542,75 +566,81 @@ class DecodeTick:
 
 
 class _LiveEvents:
-    """Tokens received so far, by arrival time, read incrementally from the records' raw
-    reads while the streams are open (their exact accounting comes after they end): each read
-    brings the rise of its stream's running ``usage.completion_tokens`` over the events it
-    completes (an event cut by a read's end counts with the read that ends it, as
-    :func:`~.wire.split_events` times it), or, on a server that sends none, one per SSE event.
-    For the early end (``--llm-precision``) and the live display (:class:`DecodeTick`).
+    """Tokens received so far, by arrival time, taken while the streams are open from what
+    each stream's tally has counted (:class:`~.wire.StreamTally`): the rises of its usage, or,
+    on a server that sends no usage on every chunk, one per chunk with output until the
+    stream's end says how many there were. For the early end (``--llm-precision``) and the
+    live display (:class:`DecodeTick`).
 
     On a server with usage in every chunk these are the tokens, times and spreading the
-    window's interval is computed from after the cell (:func:`~.stats.window_tokens`), so an
-    early-ended cell's ``precision`` is the half-width the early end's test saw."""
+    window's interval is computed from after the cell (:func:`~.stats.window_tokens`): chunks
+    of one read share its arrival and are spread together over the time since the stream's
+    previous read, so an early-ended cell's ``precision`` is the half-width the early end's
+    test saw."""
 
     def __init__(self) -> None:
-        self.cursor: list[int] = []
-        # each read with tokens: its arrival, its tokens, and when the stream's previous tokens
-        # arrived (its own arrival for a stream's first); plain lists, so that the arrays of
-        # the early-end test are made in C (np.asarray), not by a Python loop per event
-        self.times: list[float] = []
-        self.counts: list[int] = []
-        self.starts: list[float] = []
-        # the first entries, as arrays
+        self.cursor: list[int] = []  # entries of each record's tally taken so far
+        self.last: list[float | None] = []  # each record's latest arrival taken
+        self.topped: list[bool] = []  # a stream without usage on every chunk: its end counted
+        self._pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] = (
             np.empty(0),
             np.empty(0),
             np.empty(0),
         )
-        self.counted: list[int] = []  # tokens of each record put in ``counts`` so far
-        self.last: list[float | None] = []  # each record's latest arrival with tokens
-        self.cut: list[bytes] = []  # each record's event begun but not ended by its last read
 
     def update(self, records: list[StreamRecord]) -> None:
-        self.cursor.extend([0] * (len(records) - len(self.cursor)))
-        self.counted.extend([0] * (len(records) - len(self.counted)))
-        self.last.extend([None] * (len(records) - len(self.last)))
-        self.cut.extend([b""] * (len(records) - len(self.cut)))
+        grow = len(records) - len(self.cursor)
+        self.cursor.extend([0] * grow)
+        self.last.extend([None] * grow)
+        self.topped.extend([False] * grow)
         for i, rec in enumerate(records):
-            reads = rec.reads
-            cut = self.cut[i]
-            for t, data in reads[self.cursor[i] :]:
-                if cut or not data.endswith(b"\n"):  # an event cut by a read's end
-                    end = data.rfind(b"\n") + 1
-                    if end == 0:  # ends no event: its bytes wait for the read that does
-                        cut += data
-                        continue
-                    data, cut = cut + data[:end], data[end:]
-                n, usage = live_tokens(data)
-                rise = n if usage is None else max(usage - self.counted[i], 0)
-                if rise:
-                    self.counted[i] += rise
-                    previous = self.last[i]
-                    self.times.append(t)
-                    self.counts.append(rise)
-                    self.starts.append(t if previous is None else previous)
-                    self.last[i] = t
-            self.cursor[i] = len(reads)
-            self.cut[i] = cut
+            tally = rec.tally
+            usage = tally.chunks == tally.usage_chunks
+            times = tally.usage_times if usage else tally.text_times
+            k, n = self.cursor[i], len(times)
+            if not usage and rec.t_end is not None and not self.topped[i] and n <= k:
+                self._top_up(i, tally)
+            if n <= k:
+                continue
+            t = np.frombuffer(times[k:n], dtype=np.float64)
+            if usage:
+                c = np.frombuffer(tally.usage_counts[k:n], dtype=np.uint32).astype(np.float64)
+            else:
+                c = np.ones(n - k)
+            first = np.searchsorted(t, t, side="left")  # the first entry of each one's read
+            previous = self.last[i]
+            before = t if previous is None else np.full(n - k, previous)
+            starts = np.where(first > 0, t[np.maximum(first - 1, 0)], before)
+            self._pieces.append((t, c, starts))
+            self.cursor[i], self.last[i] = n, float(t[-1])
+            if not usage and rec.t_end is not None:
+                self._top_up(i, tally)
+
+    def _top_up(self, i: int, tally: StreamTally) -> None:
+        """A stream without usage on every chunk has ended: its final usage, if it sent one,
+        brings the tokens beyond one a chunk, at that usage's arrival."""
+        self.topped[i] = True
+        extra = (tally.completion_tokens or 0) - len(tally.text_times)
+        if extra > 0 and tally.usage_times:
+            t = tally.usage_times[-1]
+            last = self.last[i]
+            start = t if last is None else last
+            self._pieces.append((np.array([t]), np.array([float(extra)]), np.array([start])))
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Arrival, tokens and previous arrival of every read so far, as arrays; only the
-        reads since the last call are converted. The early end asks every half second on the
+        """Arrival, tokens and previous arrival of every entry so far, as arrays; only the
+        entries since the last call are joined. The early end asks every half second on the
         event loop, which must not stall while streams are read: with 300,000 reads in a
         window its worst call took 63.8 ms when every read was converted on every call, 9.0 ms
-        now (``benchmarks/early_end_cost.py``)."""
-        done = len(self._arrays[0])
-        if len(self.times) > done:
+        when only the new ones were (``benchmarks/early_end_cost.py``)."""
+        if self._pieces:
             t, c, s = self._arrays
+            pieces, self._pieces = self._pieces, []
             self._arrays = (
-                np.concatenate((t, np.asarray(self.times[done:], dtype=np.float64))),
-                np.concatenate((c, np.asarray(self.counts[done:], dtype=np.float64))),
-                np.concatenate((s, np.asarray(self.starts[done:], dtype=np.float64))),
+                np.concatenate((t, *(p[0] for p in pieces))),
+                np.concatenate((c, *(p[1] for p in pieces))),
+                np.concatenate((s, *(p[2] for p in pieces))),
             )
         return self._arrays
 
@@ -656,9 +686,10 @@ class _Ticks:
         if now - self.last < self.EVERY_S:
             return
         self.live.update(self.records)
-        times, counts = self.live.times[self.seen :], self.live.counts[self.seen :]
+        times, counts, _ = self.live.arrays()
+        times, counts = times[self.seen :], counts[self.seen :]
         self.seen += len(times)
-        fresh = sum(c for t, c in zip(times, counts, strict=True) if t >= self.w0)
+        fresh = int(counts[times >= self.w0].sum())
         self.tokens += fresh
         in_flight = sum(1 for rec in self.records if rec.t_end is None)
         rate = fresh / (now - self.last)
@@ -723,9 +754,10 @@ def _window_figures(
 def _received_between(records: list[StreamRecord], t0: float, t1: float) -> int:
     total = 0
     for rec in records:
-        total += sum(
-            c for t, c in zip(rec.token_times, rec.token_counts, strict=True) if t0 < t <= t1
-        )
+        if len(rec.token_times):
+            t = np.asarray(rec.token_times, dtype=np.float64)
+            c = np.asarray(rec.token_counts, dtype=np.int64)
+            total += int(c[(t > t0) & (t <= t1)].sum())
     return total
 
 
@@ -788,7 +820,7 @@ def _decode_result(
         if done and ended_early(rec, max_output):
             early += 1
         received += rec.n_tokens
-        chunks += len(rec.token_counts)
+        chunks += rec.chunks
         traces.append(
             RequestTrace(
                 t_send=rec.t_send,
@@ -863,7 +895,7 @@ async def tokenize_cut(
         if not unknown or not await tokenizer.has_ids():
             return
         for rec in unknown:
-            rec.tokenized = await tokenizer.count_text(stream_text(rec.reads))
+            rec.tokenized = await tokenizer.count_text(rec.tally.output_text())
     except LLMSpeedError:
         for rec in unknown:
             rec.tokenized = None
@@ -912,8 +944,8 @@ def complete_accounting(records: list[StreamRecord]) -> Accounting:
             "no tokenize route to count the text): "
             "an estimate that undercounts multi-token chunks",
         )
-    per_request = [r.n_tokens / len(r.token_counts) for r in basis]
-    ratio = sum(r.n_tokens for r in basis) / sum(len(r.token_counts) for r in basis)
+    per_request = [r.n_tokens / r.chunks for r in basis]
+    ratio = sum(r.n_tokens for r in basis) / sum(r.chunks for r in basis)
     rel = 0.0
     if len(per_request) >= 2 and ratio > 0:
         rel = statistics.stdev(per_request) / math.sqrt(len(per_request)) / ratio

@@ -102,7 +102,7 @@ def decode_record(
         replica_tok_s=tuple(round(x, 2) for x in result.replica_tok_s)
         if result.replica_tok_s
         else None,
-        notes=(result.token_note,) if result.token_note else (),
+        notes=tuple(n for n in (result.token_note, result.client_note) if n),
         total_tok_s_ci=_ci(s.total_ci, 2),
         per_request_tok_s_ci=_ci(s.per_request_ci, 2),
         ttft_ms_ci=_ci(s.ttft_ci, 2),

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from .client import Connection, StreamRecord, stream_request
+from .client import Connection, Stop, StreamRecord, stream_request
 from .errors import LLMSpeedError, ModelNotFound
 from .probe import (
     SNAPSHOT_FAMILIES,
@@ -179,14 +179,16 @@ async def stream_to(
     payload: dict[str, Any] | bytes,
     rec: StreamRecord,
     on_first_token: Callable[[StreamRecord], None] | None = None,
+    stop: Stop | None = None,
 ) -> StreamRecord:
     """One stream to one server, or to the least-loaded replica (``rec.replica`` says which)."""
     if isinstance(target, Connection):
-        return await stream_request(target, path, payload, rec, on_first_token)
+        return await stream_request(target, path, payload, rec, on_first_token, stop)
     i = target.acquire()
     rec.replica = i
     try:
-        return await stream_request(target.connections[i], path, payload, rec, on_first_token)
+        conn = target.connections[i]
+        return await stream_request(conn, path, payload, rec, on_first_token, stop)
     finally:
         target.release(i)
 

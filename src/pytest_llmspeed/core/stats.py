@@ -12,14 +12,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .intervals import (
+    MIN_BATCH_S,
+    MIN_BATCHES,
     BatchMeans,
     Drift,
     Interval,
-    batch_means,
+    batch_counts,
+    batch_means_of,
     in_flight,
     little_residual,
     median_interval,
     per_request_interval,
+    start_batches,
     trend,
 )
 
@@ -127,28 +131,36 @@ def _pct(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
 
 
-def window_tokens(traces: Sequence[RequestTrace]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every chunk's arrival time, token count, and when its stream's tokens arrived before
-    (the latest earlier arrival: chunks that came in one read share it; a stream's first
-    arrival is its own), all requests together.
+def window_tokens(tr: RequestTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A request's chunks: arrival times, token counts, and when its tokens arrived before
+    (the latest earlier arrival: chunks that came in one read share it; its first arrival is
+    its own).
 
     Chunks read together are spread together, over the time since the stream's previous read:
     the live test of an early end (``protocol._LiveEvents``) sees each read as one arrival,
     and the window's interval must be the one that test computed on the same tokens."""
-    times: list[np.ndarray] = []
-    counts: list[np.ndarray] = []
-    starts: list[np.ndarray] = []
+    t = np.asarray(tr.token_times, dtype=np.float64)
+    first = np.searchsorted(t, t, side="left")  # the first chunk of each one's read
+    starts = np.where(first > 0, t[np.maximum(first - 1, 0)], t)
+    return t, np.asarray(tr.token_counts, dtype=np.float64), starts
+
+
+def window_batches(
+    traces: Sequence[RequestTrace], w0: float, w1: float, k: int, seen_before: float | None
+) -> np.ndarray:
+    """Tokens in each of ``k`` equal batches of [w0, w1), each chunk spread since its stream's
+    previous read (:func:`~.intervals.batch_counts`), summed request by request (memory: one
+    request's chunks at a time). ``seen_before``: only chunks that arrived before it."""
+    tokens = np.zeros(k)
     for tr in traces:
         if not len(tr.token_times):
             continue
-        t = np.asarray(tr.token_times, dtype=np.float64)
-        first = np.searchsorted(t, t, side="left")  # the first chunk of each one's read
-        times.append(t)
-        counts.append(np.asarray(tr.token_counts, dtype=np.float64))
-        starts.append(np.where(first > 0, t[np.maximum(first - 1, 0)], t))
-    if not times:
-        return np.empty(0), np.empty(0), np.empty(0)
-    return np.concatenate(times), np.concatenate(counts), np.concatenate(starts)
+        times, counts, starts = window_tokens(tr)
+        if seen_before is not None:
+            seen = times < seen_before
+            times, counts, starts = times[seen], counts[seen], starts[seen]
+        tokens += batch_counts(times, counts, w0, w1, k, starts)
+    return tokens
 
 
 def decode_stats(
@@ -206,22 +218,20 @@ def decode_stats(
         cv = float(whole.std(ddof=1) / mean) if mean > 0 else None
     total_tok_s = out_tokens / measured if measured > 0 else 0.0
     bm = None
-    if measured > 0:
-        times, counts, starts = window_tokens(traces)
-        if full is not None:
-            # ended early: the interval the early end's test computed (protocol._LiveEvents),
-            # on the tokens that had arrived by then; later chunks would spread some of their
-            # tokens back into the last batch
-            seen = times < w1
-            times, counts, starts = times[seen], counts[seen], starts[seen]
-        bm = batch_means(times, counts, w0, w1, starts, full)
+    if measured >= MIN_BATCHES * MIN_BATCH_S:
+        # ended early (``full``): the interval the early end's test computed
+        # (protocol._LiveEvents), on the tokens that had arrived by then; later chunks would
+        # spread some of their tokens back into the last batch
+        k = start_batches(measured)
+        tokens = window_batches(traces, w0, w1, k, w1 if full is not None else None)
+        bm = batch_means_of(tokens, total_tok_s, measured, full)
     per_request_ci = None
     if bm is not None and per_request is not None:
         arrays = [
             (np.asarray(tr.token_times, dtype=np.float64), np.asarray(tr.token_counts))
             for tr in traces
             if len(tr.token_times)
-        ]
+        ]  # views of the records' arrays, not copies
         per_request_ci = per_request_interval(arrays, w0, w1, bm.batches, per_request, full)
     # requests in flight: each one's overlap of [t_send, t_end) with the window
     spans = [(tr.t_send, tr.t_end) for tr in traces]

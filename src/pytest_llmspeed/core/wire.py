@@ -2,16 +2,15 @@
 server streams back (SSE events: text, usage, finish reason, error events) and answers (error
 bodies, a non-streamed answer's usage). The one module that knows the OpenAI JSON shapes.
 
-Parsing is split by when it may run. :func:`first_token_in` runs in the client's hot path, on
-each raw read until a stream's first token, and :func:`live_tokens` on the event loop while the
-window is open; both are one call per read. Everything else parses a stream's recorded reads
-after the cell (:func:`parse_stream`, :func:`stream_text`).
+A stream is counted as its reads arrive (:class:`StreamTally`, on the client's hot path): the
+raw bytes are never kept, and nothing is parsed after the window closes.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,25 +47,6 @@ def request_fields(model: str, max_tokens: int, dialect: Dialect) -> dict[str, A
 DONE = b"[DONE]"
 
 
-def split_events(reads: list[tuple[float, bytes]]) -> list[tuple[float, bytes]]:
-    """SSE ``data:`` payloads with the time of the read that completed them."""
-    events: list[tuple[float, bytes]] = []
-    buf = b""
-    for t, data in reads:
-        buf += data
-        if b"\n" not in data:
-            continue
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            line = line.strip()
-            if line.startswith(b"data:"):
-                events.append((t, line[5:].strip()))
-    tail = buf.strip()
-    if tail.startswith(b"data:") and reads:
-        events.append((reads[-1][0], tail[5:].strip()))
-    return events
-
-
 def _object(payload: bytes) -> dict[str, Any] | None:
     """An event's JSON object; None for ``[DONE]`` and anything else that is not one."""
     try:
@@ -76,131 +56,248 @@ def _object(payload: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _output_chars(choice: dict[str, Any]) -> int:
-    """Characters of output (text, content, reasoning) a choice carries; a tool call counts
-    one."""
-    n = len(choice.get("text") or "")
+def _output_text(choice: dict[str, Any]) -> str:
+    """The output (text, content, reasoning) a choice carries."""
+    text = choice.get("text") or ""
     delta = choice.get("delta")
     if delta:
-        n += len(delta.get("content") or "")
-        n += len(delta.get("reasoning_content") or "")
-        n += len(delta.get("reasoning") or "")
-        if delta.get("tool_calls"):
-            n += 1
-    return n
+        text += delta.get("reasoning_content") or delta.get("reasoning") or ""
+        text += delta.get("content") or ""
+    return text
 
 
-def _carries_token(obj: dict[str, Any]) -> bool:
-    usage = obj.get("usage")
-    if usage and (usage.get("completion_tokens") or 0) > 0:
-        return True
-    return any(_output_chars(c) > 0 for c in obj.get("choices") or ())
+def _carries_output(choice: dict[str, Any]) -> bool:
+    """Output text, or a tool call."""
+    delta = choice.get("delta")
+    return bool(_output_text(choice)) or bool(delta and delta.get("tool_calls"))
 
 
-def first_token_in(pending: bytearray, data: bytes) -> bool:
-    """Hot path, before a stream's first token: add a raw read to ``pending`` and parse the
-    complete events in it until one carries a token (True: this read brought the first)."""
-    pending.extend(data)
-    while True:
-        idx = pending.find(b"\n")
-        if idx < 0:
+#: the counted fields, as vLLM, SGLang and the simulator write them (compact JSON); a stream
+#: written otherwise is parsed event by event, exactly, at the cost of a JSON parse each
+_COMPLETION = b'"completion_tokens":'
+_NUMBER = re.compile(rb"\d+")
+_CHOICES = b'"choices":['
+_NO_CHOICE = b'"choices":[]'
+_FINISHED = b'"finish_reason":"'
+_ERROR = b'"error"'
+#: text pieces a stream without usage keeps before joining them (bounds their overhead)
+_TEXT_PIECES = 64
+
+
+class StreamTally:
+    """One stream's events, counted as its reads arrive, on the client's hot path: what the
+    figures need, never the raw bytes (docs/client-at-scale.md).
+
+    Each read's complete events are counted at once; an event cut by a read's end waits in a
+    small carry for the read that ends it, and counts with that read (its arrival time).
+
+    - Until the stream's first token, and on a stream whose every chunk does not carry usage,
+      each event is parsed (JSON): text chunks and their times, usage and its rises, the
+      finish reason, ``[DONE]``, error events; the output text is kept too while the stream
+      has no usage on every chunk (the server's tokenizer may have to count it), until an
+      exact total is known.
+    - Once a stream has shown usage on every chunk (vLLM's, SGLang's and the simulator's
+      continuous usage), a read whose events all carry ``"completion_tokens":N`` and no finish
+      reason or error is counted without a JSON parse: byte counts over the read (in C) check
+      its shape, and its last usage value, less the stream's count before it, is the read's
+      tokens. Anything else in a read (the finish chunk, an error, another shape) sends that
+      read to the exact parse.
+
+    It keeps 12 bytes (an arrival time and a count, in two arrays) per token-carrying chunk
+    where it parses, per read where it counts (chunks read together arrive together, and the
+    figures spread a read's tokens as one: ``stats.window_tokens``); with usage on every
+    chunk, nothing else grows. A stream that stops sending usage part way
+    has its earlier chunks' times taken from its usage rises (each rise is a chunk with
+    output)."""
+
+    __slots__ = (
+        "carry", "chunks", "completion_tokens", "done", "error", "fast", "fed", "finish_reason",
+        "prev", "prompt_tokens", "seen_token", "text", "text_times", "token_chunks", "usage_chunks",
+        "usage_counts", "usage_times",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.carry = b""  # an event begun by the last read and not ended
+        self.fast = False  # counting without parsing (usage on every chunk so far)
+        self.seen_token = False
+        self.done = False  # ``data: [DONE]`` came
+        self.error: str | None = None  # the first error event's message
+        self.finish_reason: str | None = None  # the last one a choice gave
+        self.prompt_tokens: int | None = None  # usage.prompt_tokens, the last given
+        self.completion_tokens: int | None = None  # usage.completion_tokens, the last given
+        self.chunks = 0  # events that carry choices
+        self.token_chunks = 0  # ... of them whose usage rose (a chunk of tokens)
+        self.usage_chunks = 0  # ... of them with usage.completion_tokens
+        self.usage_times = array("d")  # events where usage rose ...
+        self.usage_counts = array("I")  # ... and by how much
+        self.prev = 0  # usage.completion_tokens so far
+        self.text_times = array("d")  # events whose choices carry output
+        self.text: list[str] | None = []  # output text, while the tokenizer may need it
+        self.fed = False  # a read came
+
+    def feed(self, t: float, data: bytes) -> bool:
+        """Count one read that arrived at ``t``; True when it brought the stream's first
+        token (an event with output or with usage above zero)."""
+        self.fed = True
+        if self.carry:
+            data, self.carry = self.carry + data, b""
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            data, self.carry = data[:end], data[end:]
+        if not data:
             return False
-        line = bytes(pending[:idx]).strip()
-        del pending[: idx + 1]
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == DONE:
-            continue
-        obj = _object(payload)
-        if obj is not None and _carries_token(obj):
-            return True
+        if self.fast and self._count(t, data):
+            return False
+        return self._parse(t, data)
+
+    def close(self) -> None:
+        """The stream ended: an event its last read left without a line end is counted (at
+        the time of the last token-carrying read), and the text goes once the total is exact
+        (a final usage, or a finish at max_tokens)."""
+        if self.carry.strip():
+            last = self.usage_times[-1] if self.usage_times else 0.0
+            last = max(last, self.text_times[-1] if self.text_times else 0.0)
+            tail, self.carry = self.carry + b"\n", b""
+            self._parse(last, tail)
+        if self.completion_tokens is not None or self.finish_reason == "length":
+            self.text = None
+
+    def _count(self, t: float, data: bytes) -> bool:
+        """A read of a stream with usage on every chunk, without parsing it: its last
+        ``completion_tokens`` is the stream's count so far, and its rise is the read's tokens
+        (one entry a read: chunks read together arrive together). False: the read holds
+        something only the exact parse reads.
+
+        One pass over the read (its usage values: one a chunk, the stream having shown usage
+        on every chunk); the rest looks only at its last events, where a stream ends: a finish
+        reason or an error is followed by at most a usage-only chunk and ``[DONE]``. A chunk
+        without usage among them would not change the count (usage is cumulative): its tokens
+        count with the next usage value."""
+        usages = data.count(_COMPLETION)
+        if not usages:
+            return b"data:" not in data  # events without usage: parsed
+        tail = data.rfind(b"data:")
+        for _ in range(2):
+            tail = max(data.rfind(b"data:", 0, tail), 0) if tail > 0 else 0
+        end = data[tail:]
+        done = DONE in end
+        if _FINISHED in end or _ERROR in end:
+            # the stream ends in this read: the events before its finish (or error) are
+            # counted, the rest parsed
+            found = [i for i in (end.find(_FINISHED), end.find(_ERROR)) if i >= 0]
+            cut = data.rfind(b"\n", 0, tail + min(found)) + 1  # its event's line
+            if cut and self._count(t, data[:cut]):
+                self._parse(t, data[cut:])
+                return True
+            return False
+        at = data.rfind(_COMPLETION) + len(_COMPLETION)
+        number = _NUMBER.match(data, at)
+        if number is None:
+            return False
+        n = int(number.group())
+        chunks = usages - end.count(_NO_CHOICE)
+        self.chunks += chunks
+        self.usage_chunks += chunks
+        self.token_chunks += chunks
+        if n > self.prev:
+            self.usage_times.append(t)
+            self.usage_counts.append(n - self.prev)
+            self.prev = n
+        self.completion_tokens = n
+        self.done = self.done or done
+        return True
+
+    def _parse(self, t: float, data: bytes) -> bool:
+        """A read's events, each parsed (exact whatever the shape)."""
+        first = False
+        pos, size = 0, len(data)
+        while pos < size:
+            end = data.find(b"\n", pos)
+            end = size if end < 0 else end
+            line = data[pos:end].strip()
+            if (
+                self.seen_token
+                and not self.fast
+                and self.chunks
+                and self.usage_chunks == self.chunks
+                and _CHOICES in line
+            ):
+                # every chunk so far carried usage, in compact JSON: count without parsing
+                # from here on (the rest of this read too)
+                self.fast = True
+                self.text = None
+                if self._count(t, data[pos:]):
+                    return first
+            pos = end + 1
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == DONE:
+                self.done = True
+                continue
+            obj = _object(payload)
+            if obj is None:
+                continue
+            if "error" in obj and not obj.get("choices"):
+                if self.error is None:
+                    err = obj["error"]
+                    self.error = str(err.get("message", err) if isinstance(err, dict) else err)
+                continue
+            choices = obj.get("choices") or ()
+            output = False
+            for c in choices:
+                if c.get("finish_reason"):
+                    self.finish_reason = c["finish_reason"]
+                if _carries_output(c):
+                    output = True
+                    if self.text is not None:
+                        self.text.append(_output_text(c))
+            usage = obj.get("usage")
+            ct = usage.get("completion_tokens") if usage else None
+            if choices:
+                self.chunks += 1
+                if ct is not None:
+                    self.usage_chunks += 1
+                elif self.fast:
+                    # usage stopped part way: the chunks counted without a parse were those
+                    # whose usage rose; the text from here on is kept
+                    self.fast = False
+                    self.text_times = array("d", self.usage_times)
+                    self.text = []
+                if output:
+                    self.text_times.append(t)
+            if usage:
+                self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
+                if ct is not None:
+                    if ct > self.prev:
+                        self.token_chunks += 1
+                        self.usage_times.append(t)
+                        self.usage_counts.append(ct - self.prev)
+                        self.prev = ct
+                    self.completion_tokens = ct
+            if not self.seen_token and (output or (ct or 0) > 0):
+                self.seen_token = first = True
+        if self.text is not None and len(self.text) > _TEXT_PIECES:
+            self.text[:] = ["".join(self.text)]
+        return first
+
+    @property
+    def usage_per_chunk(self) -> bool:
+        """Every chunk with choices carried ``usage.completion_tokens``."""
+        return bool(self.chunks) and self.usage_chunks >= self.chunks
+
+    def output_text(self) -> str:
+        """The output text received (text, content, reasoning), where it was kept."""
+        return "".join(self.text or ())
 
 
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
-
-
-def live_tokens(data: bytes) -> tuple[int, int | None]:
-    """One raw read, while the window is open, without parsing its JSON: its events (``[DONE]``
-    not counted), and the last ``usage.completion_tokens`` in it, if it has one (a stream's
-    usage only rises, so the last is the newest; a number cut by the read's end is corrected
-    by the next read's)."""
-    events = data.count(b"data:") - data.count(DONE)
-    at = data.rfind(b'"completion_tokens":')
-    if at < 0:
-        return events, None
-    found = _COMPLETION_TOKENS.match(data, at)
-    return events, int(found.group(1)) if found else None
-
-
-@dataclass
-class StreamParse:
-    """A stream's recorded reads, parsed (after the cell)."""
-
-    done: bool = False  # ``data: [DONE]`` came
-    error: str | None = None  # the first error event's message
-    finish_reason: str | None = None  # the last one a choice gave
-    prompt_tokens: int | None = None  # usage.prompt_tokens, the last given
-    completion_tokens: int | None = None  # usage.completion_tokens, the last given
-    chunks: int = 0  # events that carry choices
-    usage_chunks: int = 0  # ... of them with usage.completion_tokens
-    text_times: list[float] = field(default_factory=list)  # events whose choices carry output
-    usage_times: list[float] = field(default_factory=list)  # events where usage rose ...
-    usage_counts: list[int] = field(default_factory=list)  # ... and by how much
-
-
-def parse_stream(reads: list[tuple[float, bytes]]) -> StreamParse:
-    """Everything a stream said, from its recorded reads: text chunks and their times, usage
-    and its rises, the finish reason, ``[DONE]``, error events."""
-    out = StreamParse()
-    prev = 0
-    for t, payload in split_events(reads):
-        if payload == DONE:
-            out.done = True
-            continue
-        obj = _object(payload)
-        if obj is None:
-            continue
-        if "error" in obj and not obj.get("choices"):
-            if out.error is None:
-                err = obj["error"]
-                out.error = str(err.get("message", err) if isinstance(err, dict) else err)
-            continue
-        choices = obj.get("choices") or ()
-        for c in choices:
-            if c.get("finish_reason"):
-                out.finish_reason = c["finish_reason"]
-        if choices:
-            out.chunks += 1
-            if any(_output_chars(c) > 0 for c in choices):
-                out.text_times.append(t)
-        usage = obj.get("usage")
-        if usage:
-            out.prompt_tokens = usage.get("prompt_tokens", out.prompt_tokens)
-            ct = usage.get("completion_tokens")
-            if ct is not None:
-                if choices:
-                    out.usage_chunks += 1
-                if ct > prev:
-                    out.usage_times.append(t)
-                    out.usage_counts.append(ct - prev)
-                    prev = ct
-                out.completion_tokens = ct
-    return out
-
-
-def stream_text(reads: list[tuple[float, bytes]]) -> str:
-    """The output text a stream received (text, content, reasoning), reassembled from its
-    events: for counting its tokens with the server's tokenizer, after the cell."""
-    parts: list[str] = []
-    for _, payload in split_events(reads):
-        obj = _object(payload)
-        for c in (obj or {}).get("choices") or ():
-            parts.append(c.get("text") or "")
-            delta = c.get("delta") or {}
-            parts.append(delta.get("reasoning_content") or delta.get("reasoning") or "")
-            parts.append(delta.get("content") or "")
-    return "".join(parts)
+def parse_stream(reads: list[tuple[float, bytes]]) -> StreamTally:
+    """A stream's recorded reads, counted (tests, and records made from recorded reads)."""
+    tally = StreamTally()
+    for t, data in reads:
+        tally.feed(t, data)
+    tally.close()
+    return tally
 
 
 # -- what comes back: plain answers -------------------------------------------------------------
