@@ -172,8 +172,16 @@ async def _vllm(url: str, streams: int, duration: float) -> dict[str, Any]:
         "close_to_figures_s": done - end,
         "window_s": end - t0,
         "requests": len(outputs),
-        "notes": [o.error for o in outputs if not o.success][:1],
+        "notes": _failures([o.error for o in outputs if not o.success], len(outputs)),
     }
+
+
+def _failures(errors: list[str], requests: int) -> list[str]:
+    """The failed requests, in one note: how many, and the last line of the first error."""
+    if not errors:
+        return []
+    last = (errors[0] or "").strip().splitlines()[-1:] or ["?"]
+    return [f"{len(errors)} of {requests} requests failed: {last[0]}"]
 
 
 def one(client: str, url: str, streams: int, duration: float) -> dict[str, Any]:

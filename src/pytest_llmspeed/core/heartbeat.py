@@ -20,6 +20,9 @@ TICK_S = 0.01
 LATE_S = 0.05
 #: the share of a window the loop may spend behind before the cell says so
 LATE_SHARE = 0.1
+#: how a cell's note that the client could not keep up begins (``CellRecord.notes``; the
+#: report says what it means, ``report.notes.CLIENT_BEHIND``)
+CLIENT_PREFIX = "client: event loop "
 
 
 @dataclass(frozen=True)
@@ -40,11 +43,8 @@ class LoopLag:
         if not self.behind:
             return None
         return (
-            f"the client could not keep up: its event loop ran up to {self.max_ms:,.0f} ms "
-            f"late, {self.late_s:.1f} s of the {self.window_s:.1f} s window more than "
-            f"{LATE_S * 1e3:.0f} ms behind (reads stamped late: these figures are partly "
-            "the client's; a server this fast, or this machine's other work, is more than "
-            "one client process reads)"
+            f"{CLIENT_PREFIX}up to {self.max_ms:,.0f} ms late, {self.late_s:.1f} s of "
+            f"{self.window_s:.1f} s more than {LATE_S * 1e3:.0f} ms behind"
         )
 
 

@@ -26,13 +26,12 @@ from .client import (
     TOKENIZE,
     USAGE,
     Connection,
-    Stop,
     StreamRecord,
     account_tokens,
     spread,
     stream_request,
 )
-from .errors import KeyRejected, LLMSpeedError, RequestRejected, WrongPromptLength
+from .errors import LLMSpeedError, RequestRejected, WrongPromptLength
 from .heartbeat import Heartbeat, LoopLag
 from .intervals import batch_means, counter_gap, trend
 from .probe import (
@@ -44,7 +43,7 @@ from .probe import (
     snapshot,
 )
 from .prompts import PromptFactory
-from .replicas import ReplicaSet, stream_to, sum_snapshots
+from .replicas import ReplicaSet, sum_snapshots
 from .server_figures import (
     ALL_FAMILIES,
     GAUGE_FAMILIES,
@@ -62,6 +61,7 @@ from .stats import (
     goodput,
     prompt_tok_s,
 )
+from .streams import PromptSource, Streams
 from .tokenize import ServerTokenizer
 from .wire import Dialect, StreamTally, request_fields
 
@@ -375,69 +375,26 @@ async def run_decode(
     with the server says so (``DecodeResult.client_note``). ``keep_reads``: every stream's raw
     reads kept too (tests that compare the wire with the server's record)."""
     n = concurrency
-    stop = Stop()
     heart = Heartbeat()
-    records: list[StreamRecord] = []
-    slots_with_token: set[int] = set()
-    opened = asyncio.Event()
-    stopping = False
-    counter = 0
-    consecutive_fail = 0
     aborted: str | None = None
     aborted_setting: str | None = None
-    fields = request_fields(model, max_output, dialect)
-    # Build the first requests before any stream starts: request preparation must not delay
-    # the writes of streams already started (their TTFT clock is running). After these, every
-    # restart gets a fresh unique prompt where that costs no round trip to the server (token
-    # ids; text from its template); else (a tokenizer that defeats the template, a note says
-    # so) the pool is reused in turn, since a restart must not wait for /tokenize.
-    pool_size = 2 * n + 8
-    bodies = [
-        (await factory.prompt(context, factory.next_index(context))).encode(fields)
-        for _ in range(pool_size)
-    ]
-    loop = asyncio.get_running_loop()
-
+    opened = asyncio.Event()
     window_open_at: list[float] = []
     ended_precise = False
     live = _LiveEvents()
 
-    def first_token(slot: int) -> Callable[[StreamRecord], None]:
-        def callback(rec: StreamRecord) -> None:
-            if slot not in slots_with_token:
-                slots_with_token.add(slot)
-                if len(slots_with_token) == n and not opened.is_set():
-                    window_open_at.append(rec.t_first or time.perf_counter())
-                    opened.set()
+    def on_open(t: float) -> None:
+        if not opened.is_set():
+            window_open_at.append(t)
+            opened.set()
 
-        return callback
-
-    async def worker(slot: int) -> None:
-        nonlocal counter, consecutive_fail, aborted
-        while not stopping:
-            counter += 1
-            if counter <= pool_size or not factory.cheap(context):
-                body = bodies[(counter - 1) % pool_size]
-            else:
-                body = (await factory.prompt(context, factory.next_index(context))).encode(fields)
-            rec = StreamRecord(keep_reads=keep_reads)
-            records.append(rec)
-            try:
-                await stream_to(conn, dialect.path, body, rec, first_token(slot), stop)
-            except KeyRejected:
-                # the key stopped working: stop the cell now (not at the window's timeout)
-                aborted = aborted or "the server rejected the API key"
-                opened.set()
-                raise
-            if rec.error:
-                consecutive_fail += 1
-                if consecutive_fail >= 4 * n + 8:
-                    aborted = f"the server failed {consecutive_fail} requests in a row: {rec.error}"
-                    opened.set()
-                    return
-                await asyncio.sleep(min(0.05 * consecutive_fail / n, 1.0))
-            elif rec.t_first is not None:
-                consecutive_fail = 0
+    prompts = PromptSource(factory, context, request_fields(model, max_output, dialect), 2 * n + 8)
+    await prompts.build()
+    streams = Streams(
+        conn, dialect.path, prompts, range(n), n, on_open, opened.set, keep_reads=keep_reads
+    )
+    records = streams.records
+    loop = asyncio.get_running_loop()
 
     if watch_metrics:
         # Requests the previous cell cancelled may still run on the server (an engine notices a
@@ -451,7 +408,7 @@ async def run_decode(
     read_open: MetricsRead | None = None
     read_close: MetricsRead | None = None
     polls: list[MetricsRead] = []
-    tasks = [loop.create_task(worker(i)) for i in range(n)]
+    streams.start()
     beat = loop.create_task(heart.run())
     try:
         timeout = open_timeout if open_timeout is not None else conn.timeout
@@ -459,21 +416,22 @@ async def run_decode(
             await asyncio.wait_for(opened.wait(), timeout)
         except TimeoutError:
             aborted = (
-                f"the window never opened: {len(slots_with_token)} of {n} streams had a first "
+                f"the window never opened: {len(streams.with_token)} of {n} streams had a first "
                 f"token within {timeout:g} s"
             )
             aborted_setting = "timeout"
+        aborted = aborted or streams.aborted
         opened_in_time = aborted is None
         if opened_in_time:
             w0 = window_open_at[0]
             w1 = w0 + duration
             if before is None:
-                stop.set(w1)  # no referee to read at the close: nothing after it is needed
+                streams.stop.set(w1)  # no referee to read at the close: nothing after it needed
             if before is not None:
                 read_open = await _read(conn)
             step = 1.0 if precision is None else 0.5
             ticks = _Ticks(live, records, w0, duration, on_tick) if on_tick else None
-            while time.perf_counter() < w1 and aborted is None:
+            while time.perf_counter() < w1 and (aborted := streams.aborted) is None:
                 if watch_metrics and before is not None:
                     polls.append(await _read(conn))
                 now = time.perf_counter()
@@ -491,15 +449,9 @@ async def run_decode(
         else:
             w0 = w1 = t_stop = time.perf_counter()
     finally:
-        stopping = True
-        stop.set(time.perf_counter())
-        for t in (*tasks, beat):
-            t.cancel()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
+        beat.cancel()
         await asyncio.gather(beat, return_exceptions=True)
-    for res in results:
-        if isinstance(res, KeyRejected):
-            raise res
+        await streams.close()
     await tokenize_cut(records, factory.tokenizer, max_output)  # after the cell
     # the window's /metrics texts, parsed now that the streams are closed: each once, for the
     # referee and the queue (MetricsSnapshot) and the server's figures (ServerSnapshot) alike

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..core.heartbeat import CLIENT_PREFIX
 from ..core.intervals import LITTLE_TOLERANCE, counter_gap, drift_noted
 from ..results import CellRecord, Phase
 
@@ -63,8 +64,15 @@ COUNTER_LAG = NoteKind(
     "are the tokens received",
     "counter lag",
 )
+CLIENT_BEHIND = NoteKind(
+    "the client could not keep up: its event loop was more than 50 ms behind for over a tenth "
+    "of the window, so reads were stamped late and the figures are partly the client's (a "
+    "server this fast, or this machine's other work)",
+    "client behind",
+)
 #: the order kinds are said in
 KINDS = (
+    CLIENT_BEHIND,
     QUEUED,
     CHUNK_COUNT,
     TOKENS_ESTIMATED,
@@ -88,7 +96,11 @@ def cell_notes(c: CellRecord) -> list[CellNote]:
     """The notes of one decode cell, in the order of :data:`KINDS` (none for a prefill cell)."""
     if c.phase is not Phase.DECODE:
         return []
-    notes = []
+    notes = [
+        CellNote(CLIENT_BEHIND, n.removeprefix(CLIENT_PREFIX))
+        for n in c.notes
+        if n.startswith(CLIENT_PREFIX)
+    ]
     if c.queued:
         notes.append(CellNote(QUEUED, f"{c.effective_concurrency} < {c.concurrency}"))
     if c.tokens == "chunk-count":

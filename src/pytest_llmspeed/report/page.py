@@ -15,6 +15,7 @@ from importlib import resources
 from typing import Any
 
 from .. import figures
+from ..core.heartbeat import CLIENT_PREFIX
 from ..results import CellRecord, Outcome, Phase, Results, Status, order_contexts
 from .charts import Series, line_chart
 from .compare import Comparison, Verdict, change_matrix, fmt_change
@@ -350,7 +351,7 @@ def _details(cells: list[CellRecord]) -> list[list[str]]:
     rows = []
     for c in cells:
         phase = "Prefill" if c.phase is Phase.PREFILL else "Sustained decode"
-        notes = [*cell_flags(c), *c.notes]
+        notes = [*cell_flags(c), *(n for n in c.notes if not n.startswith(CLIENT_PREFIX))]
         if c.replica_tok_s:
             notes.append(
                 "per replica " + " · ".join(f"{fmt_rate(x)} tok/s" for x in c.replica_tok_s)

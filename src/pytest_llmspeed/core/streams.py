@@ -1,0 +1,130 @@
+"""A decode cell's load: slots that each keep one request in flight, restarted at once.
+
+One process runs all of a cell's slots, or each client process runs its share
+(:mod:`.workers`); either way the slots are run by :class:`Streams` with prompts from
+:class:`PromptSource`, so the requests are the same however many processes send them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .client import Connection, Stop, StreamRecord
+from .errors import KeyRejected
+from .prompts import PromptFactory
+from .replicas import ReplicaSet, stream_to
+
+
+class PromptSource:
+    """The request bodies of one share of a cell's slots.
+
+    The first ``pool`` are built before any stream starts: request preparation must not delay
+    the writes of streams already started (their TTFT clock is running). After these, every
+    restart gets a fresh unique prompt where that costs no round trip to the server (token
+    ids; text from its template); else (a tokenizer that defeats the template, a note says
+    so) the pool is reused in turn, since a restart must not wait for /tokenize."""
+
+    def __init__(
+        self, factory: PromptFactory, context: int, fields: dict[str, Any], pool: int
+    ) -> None:
+        self.factory, self.context, self.fields, self.pool = factory, context, fields, pool
+        self.bodies: list[bytes] = []
+        self.sent = 0
+
+    async def build(self) -> None:
+        f = self.factory
+        self.bodies = [
+            (await f.prompt(self.context, f.next_index(self.context))).encode(self.fields)
+            for _ in range(self.pool)
+        ]
+
+    async def next(self) -> bytes:
+        self.sent += 1
+        f = self.factory
+        if self.sent <= self.pool or not f.cheap(self.context):
+            return self.bodies[(self.sent - 1) % self.pool]
+        return (await f.prompt(self.context, f.next_index(self.context))).encode(self.fields)
+
+
+class Streams:
+    """Slots that each keep one request in flight, restarted at once, until stopped.
+
+    ``on_open(t)`` is called once, when every slot has had a first token (``t``: the last
+    one's arrival); ``on_abort()`` when the requests fail too often in a row (``aborted``
+    says why) or the key is rejected. ``n`` is the cell's whole concurrency (the failures'
+    back-off is per the cell's N, wherever its slots run)."""
+
+    def __init__(
+        self,
+        conn: Connection | ReplicaSet,
+        path: str,
+        prompts: PromptSource,
+        slots: Sequence[int],
+        n: int,
+        on_open: Callable[[float], None],
+        on_abort: Callable[[], None],
+        keep_reads: bool = False,
+    ) -> None:
+        self.conn, self.path, self.prompts = conn, path, prompts
+        self.slots, self.n = list(slots), n
+        self.on_open, self.on_abort, self.keep_reads = on_open, on_abort, keep_reads
+        self.records: list[StreamRecord] = []
+        self.with_token: set[int] = set()
+        self.stop = Stop()
+        self.stopping = False
+        self.aborted: str | None = None
+        self.consecutive_fail = 0
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.tasks = [loop.create_task(self._slot(i)) for i in self.slots]
+
+    async def close(self, at: float | None = None) -> None:
+        """Stop every stream (reads after ``at``, default now, are not counted); re-raises a
+        rejected key."""
+        self.stopping = True
+        self.stop.set(time.perf_counter() if at is None else at)
+        for t in self.tasks:
+            t.cancel()
+        results = await asyncio.gather(*self.tasks, return_exceptions=True)
+        for res in results:
+            if isinstance(res, KeyRejected):
+                raise res
+
+    def _first_token(self, slot: int) -> Callable[[StreamRecord], None]:
+        def callback(rec: StreamRecord) -> None:
+            if slot not in self.with_token:
+                self.with_token.add(slot)
+                if len(self.with_token) == len(self.slots):
+                    self.on_open(rec.t_first or time.perf_counter())
+
+        return callback
+
+    async def _slot(self, slot: int) -> None:
+        n = self.n
+        while not self.stopping:
+            body = await self.prompts.next()
+            rec = StreamRecord(keep_reads=self.keep_reads)
+            self.records.append(rec)
+            try:
+                await stream_to(self.conn, self.path, body, rec, self._first_token(slot), self.stop)
+            except KeyRejected:
+                # the key stopped working: stop the cell now (not at the window's timeout)
+                self.aborted = self.aborted or "the server rejected the API key"
+                self.on_abort()
+                raise
+            if rec.error:
+                self.consecutive_fail += 1
+                if self.consecutive_fail >= 4 * n + 8:
+                    self.aborted = (
+                        f"the server failed {self.consecutive_fail} requests in a row: {rec.error}"
+                    )
+                    self.on_abort()
+                    return
+                await asyncio.sleep(min(0.05 * self.consecutive_fail / n, 1.0))
+            elif rec.t_first is not None:
+                self.consecutive_fail = 0
