@@ -54,18 +54,51 @@ def _peak_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def _rss_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _children() -> list[int]:
+    pid = os.getpid()
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
 class _Sampler:
-    """The process's RSS every 10 ms, on a thread (the event loop is busy reading)."""
+    """The process's RSS every 10 ms, on a thread (the event loop is busy reading), and its
+    child processes' (the client processes of ``--llm-client-processes``)."""
 
     def __init__(self) -> None:
         self.samples: list[tuple[float, int]] = []
+        self.child_samples: dict[int, list[tuple[float, int]]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(0.01):
-            self.samples.append((time.perf_counter(), _rss_kib()))
+            now = time.perf_counter()
+            self.samples.append((now, _rss_kib()))
+            for pid in _children():
+                kib = _rss_of(pid)
+                if kib is not None:
+                    self.child_samples.setdefault(pid, []).append((now, kib))
+
+    def children_growth(self, w0: float) -> int:
+        """KiB the child processes grew by from the window's open to their peak."""
+        total = 0
+        for samples in self.child_samples.values():
+            at_open = [kib for t, kib in samples if t >= w0][:1]
+            if at_open:
+                total += max(kib for _, kib in samples) - at_open[0]
+        return total
 
     def stop(self) -> None:
         self._stop.set()
@@ -76,7 +109,7 @@ class _Sampler:
         return max((kib for s, kib in self.samples if s <= t), default=0)
 
 
-async def _plugin(url: str, streams: int, duration: float) -> dict[str, Any]:
+async def _plugin(url: str, streams: int, duration: float, processes: int = 1) -> dict[str, Any]:
     from pytest_llmspeed.core.client import Connection
     from pytest_llmspeed.core.prompts import PromptFactory
     from pytest_llmspeed.core.protocol import run_decode
@@ -91,7 +124,7 @@ async def _plugin(url: str, streams: int, duration: float) -> dict[str, Any]:
         sampler = _Sampler()
         result = await run_decode(
             conn, factory, Dialect(), "lean", CONTEXT, streams, MAX_OUTPUT, duration,
-            watch_metrics=False,
+            watch_metrics=False, processes=processes,
         )  # fmt: skip
         done = time.perf_counter()
         peak = _peak_kib()
@@ -100,14 +133,18 @@ async def _plugin(url: str, streams: int, duration: float) -> dict[str, Any]:
         await conn.close()
     s = result.stats
     w0, w1 = result.window
-    notes = [n for n in (result.token_note, result.aborted) if n]
+    notes = [n for n in (result.token_note, result.aborted, result.client_note) if n]
+    grown = peak - rss0 + sampler.children_growth(w0)
     return {
+        "processes": result.client_processes,
         "events": result.received_chunks,
         "window_events": s.output_tokens,
         "events_s": s.output_tokens / s.measured_s if s.measured_s else 0.0,
-        "bytes_per_event": (peak - rss0) * 1024 / max(result.received_chunks, 1),
-        "peak_mib": (peak - rss0) / 1024,
+        "bytes_per_event": grown * 1024 / max(result.received_chunks, 1),
+        "peak_mib": grown / 1024,
         "close_to_figures_s": done - w1,
+        "cpu_share": result.client_lag.cpu_share if result.client_lag else None,
+        "cpu_total": result.client_cpu,
         "at_close_bytes_per_event": (sampler.at(w1) - rss0) * 1024 / max(result.received_chunks, 1),
         "window_s": w1 - w0,
         "requests": s.requests,
@@ -140,6 +177,7 @@ async def _vllm(url: str, streams: int, duration: float) -> dict[str, Any]:
     gc.collect()
     rss0 = _rss_kib()
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
 
     async def worker(i: int) -> None:
         k = 0
@@ -154,6 +192,7 @@ async def _vllm(url: str, streams: int, duration: float) -> dict[str, Any]:
 
     await asyncio.gather(*(worker(i) for i in range(streams)))
     end = time.perf_counter()
+    cpu = (time.process_time() - cpu0) / (end - t0)
     # the figures vllm bench serve computes from its outputs (serve.calculate_metrics's core)
     ttfts = [o.ttft for o in outputs if o.success]
     itls = [x for o in outputs if o.success for x in o.itl]
@@ -170,6 +209,8 @@ async def _vllm(url: str, streams: int, duration: float) -> dict[str, Any]:
         "bytes_per_event": (peak - rss0) * 1024 / max(events, 1),
         "peak_mib": (peak - rss0) / 1024,
         "close_to_figures_s": done - end,
+        "cpu_share": cpu,
+        "cpu_total": cpu,
         "window_s": end - t0,
         "requests": len(outputs),
         "notes": _failures([o.error for o in outputs if not o.success], len(outputs)),
@@ -184,7 +225,7 @@ def _failures(errors: list[str], requests: int) -> list[str]:
     return [f"{len(errors)} of {requests} requests failed: {last[0]}"]
 
 
-def one(client: str, url: str, streams: int, duration: float) -> dict[str, Any]:
+def one(client: str, url: str, streams: int, duration: float, processes: int = 1) -> dict[str, Any]:
     """One client in a fresh process of its own; its figures."""
     env = dict(os.environ)
     python = sys.executable
@@ -197,7 +238,8 @@ def one(client: str, url: str, streams: int, duration: float) -> dict[str, Any]:
         x for x in (str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH")) if x
     )
     argv = [python, "-m", "benchmarks.client_at_scale", "--one", client, "--url", url,
-            "--streams", str(streams), "--duration", str(duration)]  # fmt: skip
+            "--streams", str(streams), "--duration", str(duration),
+            "--processes", str(processes)]  # fmt: skip
     out = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"{client} failed: {out.stderr[-2000:]}")
@@ -221,8 +263,10 @@ class LeanServer:
         self.proc.wait(10)
 
 
-HEADER = ["server", "client", "events/s", "bytes/event", "peak MiB", "close → figures, s",
-          "events in window", "events read", "notes"]  # fmt: skip
+HEADER = [
+    "server", "client", "events/s", "client CPU (busiest process)", "bytes/event",
+    "peak MiB", "close → figures, s", "events in window", "events read", "notes",
+]  # fmt: skip
 
 
 def main() -> None:
@@ -230,15 +274,21 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=8.0)
     ap.add_argument("--streams", type=int, default=128)
     ap.add_argument("--rate", type=float, default=2000.0, help="paced tok/s per stream")
-    ap.add_argument("--clients", default="plugin,vllm")
+    ap.add_argument(
+        "--clients", default="plugin,plugin*2,vllm", help="plugin, plugin*N (N processes), vllm"
+    )
+    ap.add_argument("--processes", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--modes", default="paced,unpaced")
     ap.add_argument("--one", choices=("plugin", "vllm"), help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     if args.one:
-        run = _plugin if args.one == "plugin" else _vllm
-        print(json.dumps(asyncio.run(run(args.url, args.streams, args.duration))))
+        if args.one == "plugin":
+            out = asyncio.run(_plugin(args.url, args.streams, args.duration, args.processes))
+        else:
+            out = asyncio.run(_vllm(args.url, args.streams, args.duration))
+        print(json.dumps(out))
         return
     sys.path.insert(0, str(ROOT))
     from benchmarks.common import command, machine, table, utc_now, write_page
@@ -247,12 +297,17 @@ def main() -> None:
     for mode in args.modes.split(","):
         rate = args.rate if mode == "paced" else 0.0
         for client in args.clients.split(","):
+            name, _, times = client.partition("*")
             with LeanServer(rate) as server:
-                r = one(client, server.url, args.streams, args.duration)
+                r = one(name, server.url, args.streams, args.duration, int(times or 1))
             print(mode, client, json.dumps(r), flush=True)
+            client = f"plugin, {times} processes" if times else name
             label = f"{args.streams} × {rate:,.0f} tok/s" if rate else "unpaced"
+            cpu, total = r.get("cpu_share"), r.get("cpu_total")
             rows.append([
-                label, client, f"{r['events_s']:,.0f}", f"{r['bytes_per_event']:.0f}",
+                label, client, f"{r['events_s']:,.0f}",
+                f"{total:.0%} ({cpu:.0%})" if cpu is not None and total is not None else "",
+                f"{r['bytes_per_event']:.0f}",
                 f"{r['peak_mib']:,.0f}", f"{r['close_to_figures_s']:.2f}",
                 f"{r['window_events']:,}", f"{r['events']:,}", "; ".join(r["notes"]) or "",
             ])  # fmt: skip
@@ -266,7 +321,25 @@ def main() -> None:
         f"Window {args.duration:g} s, {args.streams} streams, {CONTEXT}-token prompts, "
         f"{MAX_OUTPUT}-token outputs, one token an event.",
         "",
-        *table(HEADER, rows, "llrrrrrrl"),
+        *table(HEADER, rows, "llrrrrrrrl"),
+        "",
+        "- **events/s**: events received inside the window, over the window (vllm: all its "
+        "events over its run, each request read to its end). Paced, every client reads what "
+        "the server sends; unpaced, the server is faster than any client, and this is the "
+        "client's ceiling.",
+        "- **client CPU**: the client processes' CPU time over the window, together and (in "
+        "brackets) the busiest one's, from their heartbeats (one core is 100 %; the parent "
+        "counts as a process). The lean server and the client processes share this machine's "
+        "cores.",
+        "- **bytes/event**: peak RSS over the cell (the client processes' too) minus RSS before "
+        "it, over the events received; **close → figures**: from the window's planned end to "
+        "the cell's figures (vllm: from its last request's end to its medians and "
+        "percentiles).",
+        "- **vllm** is `vllm bench serve`'s request function (`async_request_openai_"
+        "completions`) on a session built as it builds one, N workers, as `--max-concurrency N` "
+        "runs it.",
+        "- A note `client: event loop … behind` is the heartbeat saying the client could not "
+        "keep up (docs/client-at-scale.md): true unpaced, where the client is the bottleneck.",
         "",
     ]
     print("\n".join(lines))

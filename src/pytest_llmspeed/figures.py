@@ -116,6 +116,7 @@ FIGURES: tuple[Figure, ...] = (
     _F("per_second_tok", "decode", "tokens each second", kind=tuple, junit=None),
     _F("received_tokens", "decode", "tokens received", kind=int, junit=None),
     _F("received_chunks", "decode", "chunks received", kind=int, junit=None),
+    _F("client_processes", "decode", "client processes", kind=int, junit=None, optional=True),
     _F("generation_tokens_delta", "decode", "server's generation tokens", junit=None),
     _F("received_span", "decode", "tokens received, bracket", kind=tuple, junit=None),
     _F("max_output", "decode", "max output tokens", kind=int, junit=None),

@@ -763,6 +763,9 @@ class CellRecord:
     #: bounds, and the cell against the objectives in words ("meets", "misses ttft_p90: ...")
     goodput_tok_s: float | None = None
     slo: str | None = None
+    #: the client processes that read the cell's streams, when more than one
+    #: (--llm-client-processes)
+    client_processes: int | None = None
     #: the distance to the bandwidth bound (docs/metrics.md): the tokens a request in flight
     #: had generated (time-weighted), GB/s read per GPU, their share of the GPU's peak, and
     #: where they came from ("server counter", "estimate")

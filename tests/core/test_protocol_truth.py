@@ -14,17 +14,10 @@ from pytest_llmspeed.core.client import Connection, StreamRecord, stream_request
 from pytest_llmspeed.core.probe import probe
 from pytest_llmspeed.core.prompts import PromptFactory
 from pytest_llmspeed.core.protocol import negotiate, run_prefill
-from pytest_llmspeed.sim import SimOptions, running_simulator_process
 
 from .truth import SLACK_MS, match, measure, tbt_bounds, token_bounds, ttft_bounds
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def reference_sim():
-    with running_simulator_process(SimOptions(profile="h200-qwen3.5-27b-int4")) as url:
-        yield url
 
 
 async def _trace(conn):

@@ -76,6 +76,18 @@ def test_help_lists_every_option(pytester):
             "--llm-min-duration='40': is longer than --llm-duration (30 s)*",
         ),
         (["--llm-min-duration=0"], "--llm-min-duration='0': must be a positive number of*"),
+        (
+            ["--llm-client-processes=0"],
+            "--llm-client-processes='0': must be a whole number of processes ≥ 1, or auto",
+        ),
+        (
+            ["--llm-client-processes=abc"],
+            "--llm-client-processes='abc': must be a whole number of processes ≥ 1, or auto",
+        ),
+        (
+            ["--llm-client-processes=2", "--llm-precision=2%"],
+            "--llm-client-processes='2': cannot go with --llm-precision: its early end needs*",
+        ),
     ],
 )
 def test_bad_option_values_are_usage_errors(pytester, args, message):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -35,6 +36,11 @@ from .status import MAX_ERROR_RATE, cell_status
 from .wire import Dialect
 
 T = TypeVar("T")
+
+#: --llm-client-processes=auto
+AUTO = "auto"
+#: ... adds a process for the next cells when a cell's client used more of a core than this
+AUTO_CPU_SHARE = 0.8
 
 
 def was_interrupted(runner: asyncio.Runner) -> bool:
@@ -71,6 +77,10 @@ class BenchConfig:
     request_bounds: RequestBounds | None = None
     #: what the distance to the bandwidth bound needs (the model's bytes, the GPU's peak)
     memory: MemoryModel | None = None
+    #: client processes that read a decode cell's streams, or AUTO (one, and one more for
+    #: the next cells when a cell's busiest process used more than AUTO_CPU_SHARE of a core or
+    #: fell behind)
+    client_processes: int | str = 1
 
 
 @dataclass
@@ -85,6 +95,7 @@ class Bench:
     factory: PromptFactory | None = None
     dialect: Dialect | None = None
     prefills: dict[int, PrefillResult] = field(default_factory=dict)
+    _auto: int = 1  # with client_processes AUTO: the processes the next decode cell uses
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         result = self.runner.run(coro)
@@ -232,6 +243,7 @@ class Bench:
         """One sustained-decode cell; ``on_tick`` sees the window about once a second."""
         assert self.conn and self.factory and self.dialect and self.server
         cfg = self.config
+        asked = cfg.client_processes if isinstance(cfg.client_processes, int) else self._auto
         result = self.run(
             run_decode(
                 self.replicas or self.conn,
@@ -247,8 +259,21 @@ class Bench:
                 min_duration=cfg.min_duration,
                 on_tick=on_tick,
                 request_bounds=cfg.request_bounds,
+                processes=asked,
             )
         )
+        notes = list(result.notes)
+        if result.client_processes < asked:
+            why = "one per stream at most" if self.replicas is None else "several replicas"
+            notes.append(f"client processes: {asked} asked, {result.client_processes} used ({why})")
+        lag = result.client_lag
+        if cfg.client_processes == AUTO and lag is not None and asked == self._auto:
+            busy = lag.cpu_share is not None and lag.cpu_share > AUTO_CPU_SHARE
+            if (busy or lag.behind) and self._auto < (os.cpu_count() or 1):
+                self._auto += 1
+                what = f"used {lag.cpu_share:.0%} of a core" if busy else "fell behind"
+                notes.append(f"client processes: {asked} {what}: the next cells use {self._auto}")
+        result = dataclasses.replace(result, notes=tuple(notes))
         if self.replicas is not None and len(self.replicas.connections) > 1:
             split = per_replica_tok_s(result.records, result.window, len(self.replicas.connections))
             result = dataclasses.replace(result, replica_tok_s=split)

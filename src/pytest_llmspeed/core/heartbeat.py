@@ -32,6 +32,7 @@ class LoopLag:
     max_ms: float  # the latest wake-up
     late_s: float  # seconds of the window spent more than LATE_S behind
     window_s: float
+    cpu_share: float | None = None  # the process's CPU time over the window / its length
 
     @property
     def behind(self) -> bool:
@@ -55,21 +56,28 @@ class Heartbeat:
     def __init__(self) -> None:
         self.times = array("d")
         self.lates = array("d")
+        self.cpu = array("d")  # the process's CPU seconds at each wake-up
 
     async def run(self) -> None:
-        clock = time.perf_counter
+        clock, cpu = time.perf_counter, time.process_time
         while True:
             t = clock()
             await asyncio.sleep(TICK_S)
             now = clock()
             self.times.append(now)
             self.lates.append(max(now - t - TICK_S, 0.0))
+            self.cpu.append(cpu())
 
     def lag(self, w0: float, w1: float) -> LoopLag | None:
         """The loop's lateness over [w0, w1] (None: no wake-up in it). A wake-up ``late``
         seconds late stands for that much time behind."""
-        inside = [late for t, late in zip(self.times, self.lates, strict=True) if w0 <= t <= w1]
-        if not inside or w1 <= w0:
+        at = [i for i, t in enumerate(self.times) if w0 <= t <= w1]
+        if not at or w1 <= w0:
             return None
+        inside = [self.lates[i] for i in at]
         late = sum(x for x in inside if x > LATE_S)
-        return LoopLag(max(inside) * 1e3, late, w1 - w0)
+        share = None
+        span = self.times[at[-1]] - self.times[at[0]]
+        if len(self.cpu) == len(self.times) and span > 0:
+            share = (self.cpu[at[-1]] - self.cpu[at[0]]) / span
+        return LoopLag(max(inside) * 1e3, late, w1 - w0, share)

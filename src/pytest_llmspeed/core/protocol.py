@@ -64,6 +64,7 @@ from .stats import (
 from .streams import PromptSource, Streams
 from .tokenize import ServerTokenizer
 from .wire import Dialect, StreamTally, request_fields
+from .workers import ProcessStreams, WorkerSpec, portable, split
 
 #: tokens of the dialect's second small request, when its first streamed a single chunk
 PROBE_MORE_TOKENS = 16
@@ -319,8 +320,12 @@ class DecodeResult:
     server: ServerFigures | None = None
     #: output tok/s of the requests that met --llm-slo's per-request bounds (None: no bounds)
     goodput_tok_s: float | None = None
-    #: how late the client's event loop ran over the window (None: not measured)
+    #: how late the client's event loop ran over the window, in the client process that was
+    #: the furthest behind (None: not measured)
     client_lag: LoopLag | None = None
+    client_processes: int = 1  # the client processes that read the cell's streams
+    client_cpu: float | None = None  # cores they used over the window, together
+    notes: tuple[str, ...] = ()  # more to know about the cell (the client processes used)
 
     @property
     def error_rate(self) -> float:
@@ -349,6 +354,7 @@ async def run_decode(
     keep_server: bool = True,
     request_bounds: RequestBounds | None = None,
     keep_reads: bool = False,
+    processes: int = 1,
 ) -> DecodeResult:
     """N streams in flight, restarted at once; a D-second window opened when the first N
     streams all have their first token; every open stream cancelled at the window's end.
@@ -373,26 +379,36 @@ async def run_decode(
     the window has closed (after the close's ``/metrics`` read, the referee's, when there is
     one). A heartbeat measures how late the event loop runs: a client that cannot keep up
     with the server says so (``DecodeResult.client_note``). ``keep_reads``: every stream's raw
-    reads kept too (tests that compare the wire with the server's record)."""
+    reads kept too (tests that compare the wire with the server's record).
+
+    ``processes`` above 1: the streams are split over that many client processes (at most
+    one per stream; one endpoint only, several replicas are read by one process), each with
+    its own event loop (:mod:`.workers`); the window, the figures and the notes are those of
+    one process, except the live ticks and the early end (``precision``), which need the
+    tokens while they arrive and are off."""
     n = concurrency
     heart = Heartbeat()
     aborted: str | None = None
     aborted_setting: str | None = None
-    opened = asyncio.Event()
-    window_open_at: list[float] = []
     ended_precise = False
     live = _LiveEvents()
-
-    def on_open(t: float) -> None:
-        if not opened.is_set():
-            window_open_at.append(t)
-            opened.set()
-
-    prompts = PromptSource(factory, context, request_fields(model, max_output, dialect), 2 * n + 8)
-    await prompts.build()
-    streams = Streams(
-        conn, dialect.path, prompts, range(n), n, on_open, opened.set, keep_reads=keep_reads
-    )
+    fields = request_fields(model, max_output, dialect)
+    used = min(processes, n) if isinstance(conn, Connection) else 1
+    streams: Streams | ProcessStreams
+    if used > 1:
+        assert isinstance(conn, Connection)
+        streams = ProcessStreams(
+            [
+                WorkerSpec(i, conn.base_url, conn.api_key, conn.timeout, dialect.path, share,
+                           n, portable(factory, i), context, fields, keep_reads)
+                for i, share in enumerate(split(n, used))
+            ]
+        )  # fmt: skip
+        on_tick = precision = None  # no live view of the workers' tokens
+    else:
+        prompts = PromptSource(factory, context, fields, 2 * n + 8)
+        await prompts.build()
+        streams = Streams(conn, dialect.path, prompts, range(n), n, keep_reads=keep_reads)
     records = streams.records
     loop = asyncio.get_running_loop()
 
@@ -400,7 +416,8 @@ async def run_decode(
         # Requests the previous cell cancelled may still run on the server (an engine notices a
         # closed stream late): start when it is idle, so they neither slow nor count in this cell.
         await _wait_idle(conn, min(conn.timeout, 30.0))
-    await conn.warm_pool(n)
+    if used == 1:
+        await conn.warm_pool(n)  # (each client process warms its own)
     before = await _metrics(conn) if watch_metrics else None
     # /metrics reads at the window's open and close and the polls between: the text only. They
     # run beside the streams (on the same event loop) but in no stream's timing; their parse,
@@ -412,18 +429,18 @@ async def run_decode(
     beat = loop.create_task(heart.run())
     try:
         timeout = open_timeout if open_timeout is not None else conn.timeout
-        try:
-            await asyncio.wait_for(opened.wait(), timeout)
-        except TimeoutError:
+        open_at = await streams.wait_open(timeout)
+        aborted = streams.aborted
+        if open_at is None and aborted is None:
             aborted = (
-                f"the window never opened: {len(streams.with_token)} of {n} streams had a first "
+                f"the window never opened: {streams.with_token} of {n} streams had a first "
                 f"token within {timeout:g} s"
             )
             aborted_setting = "timeout"
-        aborted = aborted or streams.aborted
-        opened_in_time = aborted is None
+        opened_in_time = aborted is None and open_at is not None
         if opened_in_time:
-            w0 = window_open_at[0]
+            assert open_at is not None
+            w0 = open_at
             w1 = w0 + duration
             if before is None:
                 streams.stop.set(w1)  # no referee to read at the close: nothing after it needed
@@ -473,6 +490,8 @@ async def run_decode(
         if server_poll is not None:
             server_polls.append(server_poll)
     server = _window_figures(server_open, server_close, server_polls) if keep_server else None
+    # the parent's heartbeat, and each client process's (with several)
+    hearts = [heart, *getattr(streams, "heartbeats", ())]
     if opened_in_time and t_stop < w1 - 1e-3:
         cut = f"the window was cut short after {t_stop - w0:.1f} of {duration:g} s"
         aborted = f"{cut}: {aborted}" if aborted else cut
@@ -497,8 +516,24 @@ async def run_decode(
         precision_goal=precision,
         ended_precise=ended_precise,
         server=server,
-        client_lag=heart.lag(w0, min(w1, max(t_stop, w0))),
+        client_lag=_worst_lag(hearts, w0, w1, t_stop),
+        client_cpu=_cpu(hearts, w0, w1, t_stop),
+        client_processes=used,
     )
+
+
+def _worst_lag(hearts: Sequence[Heartbeat], w0: float, w1: float, t_stop: float) -> LoopLag | None:
+    """The lag of the client process that was the furthest behind over the window."""
+    lags = [h.lag(w0, min(w1, max(t_stop, w0))) for h in hearts]
+    found = [lag for lag in lags if lag is not None]
+    return max(found, key=lambda lag: (lag.late_s, lag.max_ms)) if found else None
+
+
+def _cpu(hearts: Sequence[Heartbeat], w0: float, w1: float, t_stop: float) -> float | None:
+    """Cores the client processes used over the window, together (1.0: one core)."""
+    lags = [h.lag(w0, min(w1, max(t_stop, w0))) for h in hearts]
+    shares = [lag.cpu_share for lag in lags if lag is not None and lag.cpu_share is not None]
+    return sum(shares) if shares else None
 
 
 @dataclass(frozen=True)

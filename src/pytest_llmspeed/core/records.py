@@ -102,7 +102,7 @@ def decode_record(
         replica_tok_s=tuple(round(x, 2) for x in result.replica_tok_s)
         if result.replica_tok_s
         else None,
-        notes=tuple(n for n in (result.token_note, result.client_note) if n),
+        notes=tuple(n for n in (result.token_note, result.client_note, *result.notes) if n),
         total_tok_s_ci=_ci(s.total_ci, 2),
         per_request_tok_s_ci=_ci(s.per_request_ci, 2),
         ttft_ms_ci=_ci(s.ttft_ci, 2),
@@ -111,6 +111,7 @@ def decode_record(
         drift=round(s.drift.change, 4) if s.drift and s.drift.flagged else None,
         little_residual=_r(s.little_residual, 4),
         goodput_tok_s=_r(result.goodput_tok_s, 2),
+        client_processes=result.client_processes if result.client_processes > 1 else None,
         output_in_flight=_r(s.mean_output_in_flight, 1),
         read_gb_s=_r(bw.bytes_per_s / 1e9, 1) if bw else None,
         bandwidth_share=_r(bw.share, 4) if bw else None,

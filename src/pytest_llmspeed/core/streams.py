@@ -8,6 +8,7 @@ One process runs all of a cell's slots, or each client process runs its share
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -52,10 +53,11 @@ class PromptSource:
 class Streams:
     """Slots that each keep one request in flight, restarted at once, until stopped.
 
-    ``on_open(t)`` is called once, when every slot has had a first token (``t``: the last
-    one's arrival); ``on_abort()`` when the requests fail too often in a row (``aborted``
-    says why) or the key is rejected. ``n`` is the cell's whole concurrency (the failures'
-    back-off is per the cell's N, wherever its slots run)."""
+    The window may open once every slot has had a first token (:meth:`wait_open`: the last
+    one's arrival; ``on_open(t)`` is called then too); ``on_abort()`` is called when the
+    requests fail too often in a row (``aborted`` says why) or the key is rejected. ``n`` is
+    the cell's whole concurrency (the failures' back-off is per the cell's N, wherever its
+    slots run)."""
 
     def __init__(
         self,
@@ -64,15 +66,17 @@ class Streams:
         prompts: PromptSource,
         slots: Sequence[int],
         n: int,
-        on_open: Callable[[float], None],
-        on_abort: Callable[[], None],
+        on_open: Callable[[float], None] | None = None,
+        on_abort: Callable[[], None] | None = None,
         keep_reads: bool = False,
     ) -> None:
         self.conn, self.path, self.prompts = conn, path, prompts
         self.slots, self.n = list(slots), n
         self.on_open, self.on_abort, self.keep_reads = on_open, on_abort, keep_reads
         self.records: list[StreamRecord] = []
-        self.with_token: set[int] = set()
+        self._with_token: set[int] = set()
+        self._opened = asyncio.Event()
+        self.open_at: float | None = None
         self.stop = Stop()
         self.stopping = False
         self.aborted: str | None = None
@@ -82,6 +86,18 @@ class Streams:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.tasks = [loop.create_task(self._slot(i)) for i in self.slots]
+
+    @property
+    def with_token(self) -> int:
+        """Slots that have had a first token."""
+        return len(self._with_token)
+
+    async def wait_open(self, timeout: float) -> float | None:
+        """When the last slot had its first token; None: not within ``timeout`` seconds, or
+        the streams stopped early (``aborted``)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._opened.wait(), timeout)
+        return self.open_at if self.aborted is None else None
 
     async def close(self, at: float | None = None) -> None:
         """Stop every stream (reads after ``at``, default now, are not counted); re-raises a
@@ -97,12 +113,20 @@ class Streams:
 
     def _first_token(self, slot: int) -> Callable[[StreamRecord], None]:
         def callback(rec: StreamRecord) -> None:
-            if slot not in self.with_token:
-                self.with_token.add(slot)
-                if len(self.with_token) == len(self.slots):
-                    self.on_open(rec.t_first or time.perf_counter())
+            if slot not in self._with_token:
+                self._with_token.add(slot)
+                if len(self._with_token) == len(self.slots) and self.open_at is None:
+                    self.open_at = rec.t_first or time.perf_counter()
+                    self._opened.set()
+                    if self.on_open is not None:
+                        self.on_open(self.open_at)
 
         return callback
+
+    def _abort(self) -> None:
+        self._opened.set()
+        if self.on_abort is not None:
+            self.on_abort()
 
     async def _slot(self, slot: int) -> None:
         n = self.n
@@ -115,7 +139,7 @@ class Streams:
             except KeyRejected:
                 # the key stopped working: stop the cell now (not at the window's timeout)
                 self.aborted = self.aborted or "the server rejected the API key"
-                self.on_abort()
+                self._abort()
                 raise
             if rec.error:
                 self.consecutive_fail += 1
@@ -123,7 +147,7 @@ class Streams:
                     self.aborted = (
                         f"the server failed {self.consecutive_fail} requests in a row: {rec.error}"
                     )
-                    self.on_abort()
+                    self._abort()
                     return
                 await asyncio.sleep(min(0.05 * self.consecutive_fail / n, 1.0))
             elif rec.t_first is not None:

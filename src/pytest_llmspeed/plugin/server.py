@@ -138,6 +138,7 @@ class ServerUnderTest:
                 metrics_urls=s.metrics_urls,
                 max_error_rate=s.max_error_rate,
                 request_bounds=request_bounds(s.slo) if s.slo else None,
+                client_processes=s.client_processes,
             )
         )
         self.info = self.bench.start()

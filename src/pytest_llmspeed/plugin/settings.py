@@ -125,6 +125,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("max-output", "max_tokens of every decode request", default="4096"),
     Option(
+        "client-processes",
+        "client processes that read a decode cell's streams, each with its own event loop: a "
+        "number, or auto (one, and one more for the next cells whenever a cell's client used "
+        "most of a core or fell behind); docs/client-at-scale.md",
+        default="1",
+    ),
+    Option(
         "slo",
         "service-level objectives on decode cells, e.g. "
         "'ttft_p90<=2s,tbt_p90<=50ms,per_request_tok_s>=20': each cell meets, misses or is "
@@ -244,6 +251,7 @@ class Settings:
     min_duration: float = 5.0
     prefill_repeats: int = 1
     max_output: int = 4096
+    client_processes: int | str = 1  # or "auto"
     slo: tuple[Any, ...] = ()  # gate.slo.Bound: --llm-slo's objectives
     kv_capacity: int | None = None
     max_model_len: int | None = None
@@ -290,6 +298,7 @@ class Settings:
             "min_duration_s": self.min_duration if self.precision is not None else None,
             "prefill_repeats": self.prefill_repeats,
             "max_output": self.max_output,
+            "client_processes": self.client_processes,
             "slo": slo_text(self.slo) if self.slo else None,
             "kv_capacity_option": self.kv_capacity,
             "max_model_len_option": self.max_model_len,
@@ -424,6 +433,15 @@ def load(config: pytest.Config) -> Settings:
             str(given),
             f"is longer than --llm-duration ({values['duration'] or 30.0:g} s): a window "
             "that may end early must be allowed to: lower it, or raise --llm-duration",
+        )
+    if values["precision"] is not None and values["client_processes"] not in (None, 1):
+        opt = next(o for o in OPTIONS if o.name == "client-processes")
+        given, source = raw_value(config, opt)
+        raise _bad(
+            source,
+            str(given),
+            "cannot go with --llm-precision: its early end needs the tokens while they arrive, "
+            "and other processes read them; use one client process, or no --llm-precision",
         )
     if (values["runs"] or 1) > 1:
         opt = next(o for o in OPTIONS if o.name == "runs")
@@ -594,6 +612,12 @@ def _convert(key: str, value: str) -> Any:
         if not 0 <= number <= 1:
             raise ValueError("must be a fraction between 0 and 1")
         return number
+    if key == "client_processes":
+        if value.strip().lower() == "auto":
+            return "auto"
+        if not value.strip().isdigit() or int(value) < 1:
+            raise ValueError("must be a whole number of processes ≥ 1, or auto")
+        return int(value)
     if key == "prefill_repeats":
         if not value.strip().isdigit() or int(value) < 1:
             raise ValueError("must be a whole number of requests ≥ 1")

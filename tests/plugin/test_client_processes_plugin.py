@@ -1,0 +1,31 @@
+"""``--llm-client-processes`` through the plugin, on the simulator: the cells say how many
+processes read their streams, and a cell with fewer streams than processes uses one a stream
+and says so."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_client_processes_read_the_cells(pytester):
+    result = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=4",
+        "--llm-contexts=1K",
+        "--llm-concurrency=1,4",
+        "--llm-duration=2",
+        "--llm-max-output=128",
+        "--llm-results=out.json",
+        "--llm-client-processes=2",
+    )
+    assert result.ret == 0, result.stdout.str()
+    doc = json.loads((pytester.path / "out.json").read_text())
+    assert doc["run"]["settings"]["client_processes"] == 2
+    cells = {c["id"]: c for c in doc["cells"]}
+    c4, c1 = cells["decode[1K-c4]"], cells["decode[1K-c1]"]
+    assert c4["status"] == c1["status"] == "valid"
+    assert c4["client_processes"] == 2 and c4["output_tokens"] > 0
+    assert not any(n.startswith("client processes") for n in c4.get("notes", ()))
+    assert "client_processes" not in c1  # one process: the default, not written
+    assert "client processes: 2 asked, 1 used (one per stream at most)" in c1["notes"]
