@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection as Pipe
 from typing import Any
 
 from .client import Connection, StreamRecord
-from .errors import KeyRejected
+from .errors import KeyRejected, LLMSpeedError
 from .heartbeat import Heartbeat
 from .prompts import PromptFactory
 from .streams import PromptSource, Streams
@@ -38,6 +38,8 @@ POLL_S = 0.005
 REASON_BYTES = 512
 #: prompt indices of worker ``i`` start at ``(i + 1) × INDEX_SPAN`` above the parent's
 INDEX_SPAN = 10_000_000
+#: seconds beyond the connection timeout a worker has to send its streams after the close
+CLOSE_GRACE_S = 30.0
 
 
 def split(slots: int, processes: int) -> list[list[int]]:
@@ -109,8 +111,11 @@ def worker_main(spec: WorkerSpec, shared: Shared, pipe: Pipe) -> None:
     """A worker process: its share of the cell's slots until the parent closes the window."""
     try:
         result = asyncio.run(_run(spec, shared))
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the parent says it
+        result = WorkerResult()
     except BaseException as exc:  # sent, not raised: the parent says it in one line
-        result = WorkerResult(error=f"{type(exc).__name__}: {exc}")
+        what = str(exc) if isinstance(exc, LLMSpeedError) else f"{type(exc).__name__}: {exc}"
+        result = WorkerResult(error=what)
     with contextlib.suppress(OSError):
         pipe.send(result)
         pipe.close()
@@ -161,6 +166,7 @@ class ProcessStreams:
 
     def __init__(self, specs: list[WorkerSpec]) -> None:
         ctx = multiprocessing.get_context("spawn")
+        self.timeout = max(spec.timeout for spec in specs)
         self.shared = Shared(ctx, len(specs))
         self.pipes: list[Pipe] = []
         self.processes = []
@@ -200,6 +206,10 @@ class ProcessStreams:
         for reason in self.shared.reasons:
             if reason.value:
                 return str(reason.value.decode(errors="replace"))
+        if not self._closed:
+            for proc in self.processes:
+                if proc.exitcode is not None:
+                    return f"a client process ended early (exit code {proc.exitcode})"
         return None
 
     async def close(self, at: float | None = None) -> None:
@@ -211,13 +221,16 @@ class ProcessStreams:
         self.stop.set(time.perf_counter() if at is None else at)
         self.shared.close.value = 1
         loop = asyncio.get_running_loop()
+        deadline = time.perf_counter() + self.timeout + CLOSE_GRACE_S
         results = await asyncio.gather(
-            *(loop.run_in_executor(None, _receive, pipe, proc) for pipe, proc in zip(
+            *(loop.run_in_executor(None, _receive, pipe, proc, deadline) for pipe, proc in zip(
                 self.pipes, self.processes, strict=True
             ))
         )  # fmt: skip
         for proc in self.processes:
             proc.join(5)
+            if proc.is_alive():
+                proc.kill()
         records: list[StreamRecord] = []
         for res in results:
             records += res.records
@@ -233,13 +246,14 @@ class ProcessStreams:
             raise WorkerFailed(f"a client process failed: {failed[0]}")
 
 
-class WorkerFailed(RuntimeError):
-    pass
+class WorkerFailed(LLMSpeedError):
+    """A client process failed (not the server): the cell's error, in one line."""
 
 
-def _receive(pipe: Pipe, proc: Any) -> WorkerResult:
-    """A worker's result (blocking: run in a thread); a worker that died sends none."""
-    while True:
+def _receive(pipe: Pipe, proc: Any, deadline: float) -> WorkerResult:
+    """A worker's result (blocking: run in a thread); a worker that died sends none, and one
+    that has not sent it by ``deadline`` is stopped."""
+    while time.perf_counter() < deadline:
         if pipe.poll(0.1):
             try:
                 result: WorkerResult = pipe.recv()
@@ -248,6 +262,9 @@ def _receive(pipe: Pipe, proc: Any) -> WorkerResult:
             return result
         if not proc.is_alive() and not pipe.poll(0):
             break
+    else:
+        proc.kill()
+        return WorkerResult(error="it did not send its streams within its timeout: stopped")
     return WorkerResult(error=f"it ended (exit code {proc.exitcode}) before sending its streams")
 
 
