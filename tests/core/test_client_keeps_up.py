@@ -8,8 +8,14 @@ import time
 
 import pytest
 
+from pytest_llmspeed.core.client import Connection
 from pytest_llmspeed.core.intervals import LITTLE_TOLERANCE
+from pytest_llmspeed.core.probe import probe
+from pytest_llmspeed.core.prompts import PromptFactory
+from pytest_llmspeed.core.protocol import negotiate
 from pytest_llmspeed.core.records import decode_record
+from pytest_llmspeed.core.streams import PromptSource, Streams
+from pytest_llmspeed.core.wire import request_fields
 from pytest_llmspeed.report.notes import CLIENT_BEHIND, IN_FLIGHT, cell_notes
 from pytest_llmspeed.sim import SimOptions, running_simulator_process
 
@@ -61,3 +67,27 @@ async def test_requests_that_fail_and_restart_late_are_fewer_in_flight():
     assert s.little_residual is not None and s.little_residual < -LITTLE_TOLERANCE
     assert s.avg_active == pytest.approx(4 * (1 + s.little_residual), rel=1e-9)
     assert "of 4 on average" in notes(result)[IN_FLIGHT]
+
+
+async def test_no_request_starts_once_the_streams_stop_reading(sim_url):
+    # the window closed (the stop time set) but the streams not yet closed: each stream ends
+    # at its next read, and no slot sends a new request that would only be dropped
+    conn = Connection.open(sim_url, None, 30)
+    try:
+        server = await probe(conn, None, None)
+        factory = PromptFactory(conn, server.model)
+        dialect = await negotiate(conn, factory, server.model, "completions")
+        prompts = PromptSource(factory, 256, request_fields(server.model, 4096, dialect), 8)
+        await prompts.build()
+        streams = Streams(conn, dialect.path, prompts, range(4), 4)
+        streams.start()
+        assert await streams.wait_open(30) is not None
+        stopped = time.perf_counter()
+        streams.stop.set(stopped)
+        await asyncio.sleep(0.5)  # the streams read on, as a busy loop would before the close
+        late = [r for r in streams.records if r.t_send > stopped]
+        assert all(r.t_end is not None and r.cancelled for r in streams.records)  # all ended
+        await streams.close()
+    finally:
+        await conn.close()
+    assert not late, f"{len(late)} requests sent after the stop"

@@ -223,7 +223,7 @@ def test_figures_agree_with_an_independent_count_of_the_streamed_text(
 
     async def spy(*args: Any, **kwargs: Any) -> DecodeResult:
         t0 = time.perf_counter()
-        result = await run_decode(*args, **kwargs, keep_reads=True)  # their text, read below
+        result = await run_decode(*args, **{**kwargs, "keep_reads": True})  # text, read below
         cells.append((t0, time.perf_counter(), result))
         return result
 

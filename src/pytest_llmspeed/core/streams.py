@@ -130,7 +130,10 @@ class Streams:
 
     async def _slot(self, slot: int) -> None:
         n = self.n
-        while not self.stopping:
+        stop_at = self.stop.at
+        # no request starts once the streams stop reading (the window has closed): it would
+        # only be sent and dropped
+        while not self.stopping and time.perf_counter() < stop_at[0]:
             body = await self.prompts.next()
             rec = StreamRecord(keep_reads=self.keep_reads)
             self.records.append(rec)
