@@ -67,7 +67,7 @@ COUNTER_LAG = NoteKind(
 CLIENT_BEHIND = NoteKind(
     "the client could not keep up: its event loop was more than 50 ms behind for over a tenth "
     "of the window, so reads were stamped late and the figures are partly the client's (a "
-    "server this fast, or this machine's other work)",
+    "server this fast: --llm-client-processes=auto; or this machine's other work)",
     "client behind",
 )
 #: the order kinds are said in
