@@ -29,3 +29,21 @@ def test_two_client_processes_read_the_cells(pytester):
     assert not any(n.startswith("client processes") for n in c4.get("notes", ()))
     assert "client_processes" not in c1  # one process: the default, not written
     assert "client processes: 2 asked, 1 used (one per stream at most)" in c1["notes"]
+
+
+def test_auto_starts_with_one_process(pytester):
+    # the simulator at this speed keeps the client far from a core: one process throughout
+    result = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=4",
+        "--llm-contexts=1K",
+        "--llm-concurrency=4",
+        "--llm-duration=2",
+        "--llm-max-output=128",
+        "--llm-results=out.json",
+        "--llm-client-processes=auto",
+    )
+    assert result.ret == 0, result.stdout.str()
+    doc = json.loads((pytester.path / "out.json").read_text())
+    assert doc["run"]["settings"]["client_processes"] == "auto"
+    (cell,) = [c for c in doc["cells"] if c["id"] == "decode[1K-c4]"]
+    assert cell["status"] == "valid" and "client_processes" not in cell

@@ -17,6 +17,7 @@ from ..results import CellId, CellRecord
 from .bandwidth import MemoryModel
 from .client import Connection
 from .errors import LLMSpeedError
+from .heartbeat import LoopLag
 from .matrix import Limits, resolve_context
 from .probe import ServerInfo, probe
 from .prompts import PromptFactory
@@ -41,6 +42,18 @@ T = TypeVar("T")
 AUTO = "auto"
 #: ... adds a process for the next cells when a cell's client used more of a core than this
 AUTO_CPU_SHARE = 0.8
+
+
+def more_processes(current: int, lag: LoopLag | None, cores: int) -> str | None:
+    """With ``--llm-client-processes=auto``: why the next cells need one more client process
+    than the ``current`` one(s) (the busiest used more than AUTO_CPU_SHARE of a core over the
+    window, or its event loop fell behind), in words; None when they do not, or when there is
+    no core for one more."""
+    if lag is None or current >= cores:
+        return None
+    if lag.cpu_share is not None and lag.cpu_share > AUTO_CPU_SHARE:
+        return f"used {lag.cpu_share:.0%} of a core"
+    return "fell behind" if lag.behind else None
 
 
 def was_interrupted(runner: asyncio.Runner) -> bool:
@@ -266,13 +279,11 @@ class Bench:
         if result.client_processes < asked:
             why = "one per stream at most" if self.replicas is None else "several replicas"
             notes.append(f"client processes: {asked} asked, {result.client_processes} used ({why})")
-        lag = result.client_lag
-        if cfg.client_processes == AUTO and lag is not None and asked == self._auto:
-            busy = lag.cpu_share is not None and lag.cpu_share > AUTO_CPU_SHARE
-            if (busy or lag.behind) and self._auto < (os.cpu_count() or 1):
+        if cfg.client_processes == AUTO and asked == self._auto:
+            more = more_processes(asked, result.client_lag, os.cpu_count() or 1)
+            if more is not None:
                 self._auto += 1
-                what = f"used {lag.cpu_share:.0%} of a core" if busy else "fell behind"
-                notes.append(f"client processes: {asked} {what}: the next cells use {self._auto}")
+                notes.append(f"client processes: {asked} {more}: the next cells use {self._auto}")
         result = dataclasses.replace(result, notes=tuple(notes))
         if self.replicas is not None and len(self.replicas.connections) > 1:
             split = per_replica_tok_s(result.records, result.window, len(self.replicas.connections))
