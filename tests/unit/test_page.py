@@ -27,6 +27,15 @@ def test_chart_has_a_mark_and_a_hover_value_per_point_and_a_legend():
     assert 'class="legend">16K<' in svg
 
 
+def test_x_labels_too_close_to_the_last_keep_their_tick_only():
+    # a context's max (252K) and its limit (256K) sit 1.6 % apart on a log axis
+    points = tuple((x, 1.0) for x in (8192, 16384, 258048, 262143))
+    svg = line_chart("t", [Series("p", points)], "x", "y", True, x_format=lambda x: f"{x:g}")
+    labels = [x for x in ("8192", "16384", "258048", "262143") if f">{x}</text>" in svg]
+    assert labels == ["8192", "16384", "258048"]
+    assert svg.count('class="axis"/>') >= 4  # every point keeps its tick
+
+
 def test_page_of_a_v1_file_has_every_section():
     html = render_page(load(DATA)).html
     for section in ("title", "metadata", "prefill", "decode", "charts", "measurements", "notes"):

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from html import escape
 
 #: colour-blind-safe palette (Okabe and Ito)
+#: px between two x labels at least (252K and 256K, a context's max and its limit, would
+#: overlap)
+MIN_LABEL_GAP = 30.0
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
 
 
@@ -96,13 +99,19 @@ def line_chart(
             f'<text x="{left - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">'
             f"{fmt_number(t)}</text>"
         )
-    for x in xs:  # x labels at the data's own x values
+    labelled = -math.inf
+    for x in xs:  # x labels at the data's own x values (one too close to the last: tick only)
         px = fx(x)
         parts.append(
             f'<line x1="{px:.1f}" y1="{top + plot_h}" x2="{px:.1f}" y2="{top + plot_h + 4}" '
-            f'class="axis"/><text x="{px:.1f}" y="{top + plot_h + 18}" class="tick" '
-            f'text-anchor="middle">{escape(x_format(x))}</text>'
+            'class="axis"/>'
         )
+        if px - labelled >= MIN_LABEL_GAP:
+            labelled = px
+            parts.append(
+                f'<text x="{px:.1f}" y="{top + plot_h + 18}" class="tick" '
+                f'text-anchor="middle">{escape(x_format(x))}</text>'
+            )
     parts.append(
         f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" '
         f'class="axis"/><line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" '
