@@ -9,18 +9,23 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_two_client_processes_read_the_cells(pytester):
+def run(pytester, concurrency: str, processes: str) -> dict:
+    """A 1K matrix on the simulator with ``--llm-client-processes=processes``; its results."""
     result = pytester.runpytest(
         "--llm-endpoint=sim:tiny?speed=4",
         "--llm-contexts=1K",
-        "--llm-concurrency=1,4",
+        f"--llm-concurrency={concurrency}",
         "--llm-duration=2",
         "--llm-max-output=128",
         "--llm-results=out.json",
-        "--llm-client-processes=2",
+        f"--llm-client-processes={processes}",
     )
     assert result.ret == 0, result.stdout.str()
-    doc = json.loads((pytester.path / "out.json").read_text())
+    return json.loads((pytester.path / "out.json").read_text())
+
+
+def test_two_client_processes_read_the_cells(pytester):
+    doc = run(pytester, "1,4", "2")
     assert doc["run"]["settings"]["client_processes"] == 2
     cells = {c["id"]: c for c in doc["cells"]}
     c4, c1 = cells["decode[1K-c4]"], cells["decode[1K-c1]"]
@@ -33,17 +38,7 @@ def test_two_client_processes_read_the_cells(pytester):
 
 def test_auto_starts_with_one_process(pytester):
     # the simulator at this speed keeps the client far from a core: one process throughout
-    result = pytester.runpytest(
-        "--llm-endpoint=sim:tiny?speed=4",
-        "--llm-contexts=1K",
-        "--llm-concurrency=4",
-        "--llm-duration=2",
-        "--llm-max-output=128",
-        "--llm-results=out.json",
-        "--llm-client-processes=auto",
-    )
-    assert result.ret == 0, result.stdout.str()
-    doc = json.loads((pytester.path / "out.json").read_text())
+    doc = run(pytester, "4", "auto")
     assert doc["run"]["settings"]["client_processes"] == "auto"
     (cell,) = [c for c in doc["cells"] if c["id"] == "decode[1K-c4]"]
     assert cell["status"] == "valid" and "client_processes" not in cell

@@ -492,6 +492,8 @@ async def run_decode(
     server = _window_figures(server_open, server_close, server_polls) if keep_server else None
     # the parent's heartbeat, and each client process's (with several)
     hearts = [heart, *getattr(streams, "heartbeats", ())]
+    # how late each process's loop ran, and its CPU (the furthest behind is the cell's lag)
+    lags = [lag for h in hearts if (lag := h.lag(w0, min(w1, max(t_stop, w0)))) is not None]
     if opened_in_time and t_stop < w1 - 1e-3:
         cut = f"the window was cut short after {t_stop - w0:.1f} of {duration:g} s"
         aborted = f"{cut}: {aborted}" if aborted else cut
@@ -516,24 +518,10 @@ async def run_decode(
         precision_goal=precision,
         ended_precise=ended_precise,
         server=server,
-        client_lag=_worst_lag(hearts, w0, w1, t_stop),
-        client_cpu=_cpu(hearts, w0, w1, t_stop),
+        client_lag=max(lags, key=lambda lag: (lag.late_s, lag.max_ms)) if lags else None,
+        client_cpu=sum(x.cpu_share or 0.0 for x in lags) if lags else None,
         client_processes=used,
     )
-
-
-def _worst_lag(hearts: Sequence[Heartbeat], w0: float, w1: float, t_stop: float) -> LoopLag | None:
-    """The lag of the client process that was the furthest behind over the window."""
-    lags = [h.lag(w0, min(w1, max(t_stop, w0))) for h in hearts]
-    found = [lag for lag in lags if lag is not None]
-    return max(found, key=lambda lag: (lag.late_s, lag.max_ms)) if found else None
-
-
-def _cpu(hearts: Sequence[Heartbeat], w0: float, w1: float, t_stop: float) -> float | None:
-    """Cores the client processes used over the window, together (1.0: one core)."""
-    lags = [h.lag(w0, min(w1, max(t_stop, w0))) for h in hearts]
-    shares = [lag.cpu_share for lag in lags if lag is not None and lag.cpu_share is not None]
-    return sum(shares) if shares else None
 
 
 @dataclass(frozen=True)
