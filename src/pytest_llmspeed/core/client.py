@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from .errors import KeyRejected, LLMSpeedError, RequestRejected, ServerUnreachable, redact
+from .text import Secret, reveal, secret
 from .wire import StreamTally, error_message, parse_stream
 
 #: aiohttp read buffer: large enough for long responses without line-length limits.
@@ -53,7 +54,7 @@ class Connection:
     """One server endpoint with one pooled aiohttp session, bound to the running loop."""
 
     base_url: str
-    api_key: str | None
+    api_key: Secret | None  # its repr is <redacted>: revealed only in the header
     timeout: float
     session: aiohttp.ClientSession
     #: for a request whose pooled connection was found closed: a new connection each time
@@ -61,7 +62,7 @@ class Connection:
     fresh: FreshConnections = field(default_factory=lambda: FreshConnections())
 
     @classmethod
-    def open(cls, base_url: str, api_key: str | None, timeout: float) -> Connection:
+    def open(cls, base_url: str, api_key: str | Secret | None, timeout: float) -> Connection:
         """Create inside the event loop that will use it."""
         # Idle pooled connections are dropped after KEEPALIVE_S, before the server's own
         # keep-alive timeout (uvicorn, under vLLM and SGLang: 5 s) closes them under a request.
@@ -73,11 +74,12 @@ class Connection:
             timeout=aiohttp.ClientTimeout(total=None, connect=timeout, sock_read=timeout),
             read_bufsize=READ_BUFSIZE,
         )
-        return cls(base_url.rstrip("/"), api_key, timeout, session)
+        return cls(base_url.rstrip("/"), secret(api_key), timeout, session)
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        key = reveal(self.api_key)
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     def url(self, path: str) -> str:
         return f"{self.base_url}{path}"

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from .text import Secret, redact_known
+
 
 class LLMSpeedError(Exception):
     """An error whose message is meant for the user as it is (no traceback)."""
@@ -71,11 +73,10 @@ class WrongPromptLength(LLMSpeedError):
     setting = "prompt_form"
 
 
-def redact(text: str, secret: str | None) -> str:
-    """Remove a secret from a text (API keys never appear in any output)."""
-    if secret:
-        text = text.replace(secret, "<redacted>")
-    return text
+def redact(text: str, secret: str | Secret | None) -> str:
+    """Remove a secret, and every secret the run registered, from a text (API keys never
+    appear in any output)."""
+    return redact_known(text, secret)
 
 
 _SECRET_PATTERNS = (

@@ -30,6 +30,7 @@ from .probe import (
     read_metrics,
     snapshot,
 )
+from .text import Secret
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -88,14 +89,14 @@ class ReplicaSet:
     def open(
         cls,
         urls: Sequence[str],
-        api_key: str | None,
+        api_key: str | Secret | None,
         timeout: float,
         metrics_urls: Sequence[str] = (),
     ) -> ReplicaSet:
         """Create inside the event loop that will use it."""
         first = Connection.open(urls[0], api_key, timeout)
         conns = [first] + [
-            Connection(u.rstrip("/"), api_key, timeout, first.session, first.fresh)
+            Connection(u.rstrip("/"), first.api_key, timeout, first.session, first.fresh)
             for u in urls[1:]
         ]
         if metrics_urls:

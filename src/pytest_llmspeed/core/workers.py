@@ -30,6 +30,7 @@ from .errors import KeyRejected, LLMSpeedError
 from .heartbeat import Heartbeat
 from .prompts import PromptFactory
 from .streams import PromptSource, Streams
+from .text import Secret
 
 #: how often a worker looks at the parent's stop and close (and says how many slots have a
 #: first token)
@@ -71,7 +72,7 @@ class WorkerSpec:
 
     index: int
     base_url: str
-    api_key: str | None
+    api_key: Secret | None
     timeout: float
     path: str
     slots: list[int]
