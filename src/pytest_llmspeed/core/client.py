@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,12 +19,31 @@ from typing import Any
 
 import aiohttp
 
-from .errors import KeyRejected, LLMSpeedError, RequestRejected, ServerUnreachable, redact
-from .text import Secret, reveal, secret
+from .errors import (
+    AnswerTooLarge,
+    KeyRejected,
+    LLMSpeedError,
+    MalformedAnswer,
+    Redirected,
+    RequestRejected,
+    ServerUnreachable,
+    redact,
+)
+from .text import Secret, for_person, reveal, secret
 from .wire import StreamTally, error_message, parse_stream
 
 #: aiohttp read buffer: large enough for long responses without line-length limits.
 READ_BUFSIZE = 4 * 1024 * 1024
+#: caps on what a server may send (docs/trust.md): a JSON answer, /metrics, a header line or
+#: field, and what is read of an error body
+JSON_LIMIT = 4 << 20
+METRICS_LIMIT = 16 << 20
+HEADER_LIMIT = 64 << 10
+ERROR_BODY_LIMIT = 64 << 10
+#: a request's total time is bounded by the timeout plus its max_tokens at this rate (tok/s):
+#: far below any real server's per-request rate (docs/trust.md)
+FLOOR_TOK_S = 1.0
+_MAX_TOKENS = re.compile(rb'"max_tokens":\s*(\d{1,9})')
 #: seconds an idle pooled connection is kept (below uvicorn's 5 s keep-alive timeout)
 KEEPALIVE_S = 4.0
 
@@ -40,6 +60,8 @@ class FreshConnections:
                 connector=aiohttp.TCPConnector(limit=0, force_close=True),
                 timeout=timeout,
                 read_bufsize=READ_BUFSIZE,
+                max_line_size=HEADER_LIMIT,
+                max_field_size=HEADER_LIMIT,
             )
         return self._session
 
@@ -73,6 +95,8 @@ class Connection:
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=None, connect=timeout, sock_read=timeout),
             read_bufsize=READ_BUFSIZE,
+            max_line_size=HEADER_LIMIT,
+            max_field_size=HEADER_LIMIT,
         )
         return cls(base_url.rstrip("/"), secret(api_key), timeout, session)
 
@@ -94,9 +118,14 @@ class Connection:
         count in the TTFT of streams already started)."""
 
         async def one() -> None:
+            # HEAD: no body whatever the server answers (a 405 keeps the connection too), so a
+            # large /v1/models is read once a run (the probe), not once a stream
             try:
-                async with self.session.get(self.url("/v1/models"), headers=self.headers) as r:
-                    await r.read()
+                async with asyncio.timeout(self.timeout):
+                    async with self.session.head(
+                        self.url("/v1/models"), headers=self.headers, allow_redirects=False
+                    ) as r:
+                        await r.release()
             except (TimeoutError, aiohttp.ClientError, OSError):
                 pass
 
@@ -111,6 +140,7 @@ class Connection:
         beside other work, 1 request in 11 at c4 failed twice that way when the retry took
         the pool's next connection). Nothing reached the server, so this is not a retry of a
         request the server saw; a refused connection (server down) is not retried."""
+        kwargs["allow_redirects"] = False  # never followed (docs/trust.md)
         try:
             return await self.session.request(method, self.url(path), **kwargs)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
@@ -119,28 +149,79 @@ class Connection:
         fresh = self.fresh.session(self.session.timeout)
         return await fresh.request(method, self.url(path), **kwargs)
 
-    async def get(self, path: str) -> tuple[int, str]:
-        """GET a path; returns (status, body text). Connection problems → ServerUnreachable."""
+    async def get(self, path: str, limit: int = JSON_LIMIT) -> tuple[int, str]:
+        """GET a path; returns (status, body text), the whole answer within the timeout and
+        at most ``limit`` bytes. Connection problems and a slow answer → ServerUnreachable;
+        a redirect → Redirected; a body or header over its cap → AnswerTooLarge."""
         try:
-            async with await self.send("GET", path, headers=self.headers) as resp:
-                return resp.status, await resp.text()
-        except (TimeoutError, aiohttp.ClientConnectionError, OSError) as exc:
+            async with asyncio.timeout(self.timeout):
+                async with await self.send("GET", path, headers=self.headers) as resp:
+                    self.refuse_redirect(resp, path)
+                    cap = limit if resp.status == 200 else ERROR_BODY_LIMIT
+                    return resp.status, await read_body(resp, path, cap)
+        except TimeoutError:
+            raise self._slow(path) from None
+        except aiohttp.ClientResponseError as exc:
+            raise self._bad_head(path, exc) from None
+        except (aiohttp.ClientConnectionError, OSError) as exc:
             raise self._unreachable(exc) from None
 
     async def post_json(
         self, path: str, payload: dict[str, Any], purpose: str | None = None
     ) -> dict[str, Any]:
-        """POST JSON, return the JSON answer; HTTP errors → RequestRejected / KeyRejected, whose
-        message names the URL and ``purpose`` (what the request was for)."""
+        """POST JSON, return the JSON object answered (within the timeout, at most
+        JSON_LIMIT bytes); HTTP errors → RequestRejected / KeyRejected, whose message names
+        the URL and ``purpose`` (what the request was for); an answer that is not a JSON
+        object → MalformedAnswer."""
         try:
-            async with await self.send("POST", path, json=payload, headers=self.headers) as resp:
-                body = await resp.text()
-                if resp.status != 200:
-                    raise self.http_error(resp.status, body, path, purpose)
-                answer: dict[str, Any] = json.loads(body)
-                return answer
-        except (TimeoutError, aiohttp.ClientConnectionError, OSError) as exc:
+            async with asyncio.timeout(self.timeout):
+                async with await self.send(
+                    "POST", path, json=payload, headers=self.headers
+                ) as resp:
+                    self.refuse_redirect(resp, path)
+                    cap = JSON_LIMIT if resp.status == 200 else ERROR_BODY_LIMIT
+                    body = await read_body(resp, path, cap)
+                    if resp.status != 200:
+                        raise self.http_error(resp.status, body, path, purpose)
+        except TimeoutError:
+            raise self._slow(path) from None
+        except aiohttp.ClientResponseError as exc:
+            raise self._bad_head(path, exc) from None
+        except (aiohttp.ClientConnectionError, OSError) as exc:
             raise self._unreachable(exc) from None
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            raise MalformedAnswer(path, "did not answer JSON") from None
+        if not isinstance(answer, dict):
+            raise MalformedAnswer(path, f"answered {type(answer).__name__}, not a JSON object")
+        return answer
+
+    def refuse_redirect(self, resp: aiohttp.ClientResponse, path: str) -> None:
+        """A redirect is never followed: one line naming where it pointed."""
+        if 300 <= resp.status < 400:
+            where = for_person(resp.headers.get("Location", "(no Location header)"), 120)
+            raise Redirected(
+                f"{self.base_url}{path} answered HTTP {resp.status}, a redirect to {where}: "
+                "redirects are not followed; point the endpoint at the server itself"
+            )
+
+    def _slow(self, path: str) -> ServerUnreachable:
+        return ServerUnreachable(
+            f"{self.base_url}{path} did not send its whole answer within {self.timeout:g} s "
+            "(a stalled or trickling server)",
+            setting="timeout",
+        )
+
+    def _bad_head(self, path: str, exc: aiohttp.ClientResponseError) -> MalformedAnswer:
+        """aiohttp's refusal of a response's head: a header over HEADER_LIMIT, or a head
+        that is not HTTP."""
+        what = for_person(exc.message or type(exc).__name__, 120)
+        if "Got more than" in what or "too long" in what.lower():
+            return AnswerTooLarge(
+                path, f"sent a response header larger than {HEADER_LIMIT >> 10} KiB"
+            )
+        return MalformedAnswer(path, f"sent a response that is not valid HTTP ({what})")
 
     def _unreachable(self, exc: BaseException) -> ServerUnreachable:
         if isinstance(exc, asyncio.TimeoutError):
@@ -161,10 +242,37 @@ class Connection:
         self, status: int, body: str, path: str | None = None, purpose: str | None = None
     ) -> LLMSpeedError:
         """The typed error of an HTTP error answer (the key, if echoed, redacted)."""
-        message = redact(error_message(body), self.api_key)
+        message = error_message(redact(body, self.api_key))  # redacted before any cut
         if status == 401 or status == 403:
             return KeyRejected(f"API key rejected by {self.base_url} (HTTP {status}: {message})")
         return RequestRejected(status, message, self.url(path) if path else None, purpose)
+
+
+def size_words(n: int) -> str:
+    """A cap in words: ``4 MiB``, ``64 KiB``."""
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+async def read_body(
+    resp: aiohttp.ClientResponse, route: str, limit: int, truncate: bool = False
+) -> str:
+    """A response's body, at most ``limit`` bytes: past it AnswerTooLarge (or, with
+    ``truncate``, the first ``limit`` bytes: an error body). Decoded as UTF-8, bad bytes
+    replaced."""
+    length = resp.content_length
+    if length is not None and length > limit and not truncate:
+        raise AnswerTooLarge(route, f"answered {length:,} bytes, over its {size_words(limit)} cap")
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(64 << 10):
+        size += len(chunk)
+        if size > limit:
+            if truncate:
+                parts.append(chunk[: len(chunk) - (size - limit)])
+                break
+            raise AnswerTooLarge(route, f"answered more than its {size_words(limit)} cap")
+        parts.append(chunk)
+    return b"".join(parts).decode("utf-8", "replace")
 
 
 class Stop:
@@ -309,37 +417,47 @@ async def stream_request(
             "data": payload,
             "headers": {**conn.headers, "Content-Type": "application/json"},
         }
+        asked = _MAX_TOKENS.search(payload)
+        max_tokens = int(asked.group(1)) if asked else None
     else:
         kwargs = {"json": payload, "headers": conn.headers}
+        value = payload.get("max_tokens")
+        max_tokens = value if isinstance(value, int) else None
     tally = rec.tally
     reads = rec.reads if rec.keep_reads else None
     clock = time.perf_counter
     stop_at = stop.at if stop is not None else None
+    watch: Watchdog | None = None
     try:
         rec.t_send = clock()
-        async with await conn.send("POST", path, **kwargs) as resp:
-            rec.status = resp.status
-            if resp.status != 200:
-                body = await resp.text()
-                err = conn.http_error(resp.status, body, path)
-                if isinstance(err, KeyRejected):
-                    raise err
-                rec.error = str(err)
-                rec.t_end = clock()  # answered: out of flight (not open to the window's end)
-                return rec
-            async for data in resp.content.iter_any():
-                t = clock()
-                if stop_at is not None and t >= stop_at[0]:
-                    # the window closed: what comes now is read by nobody (the connection
-                    # is closed with the response), even when the loop is behind
-                    rec.cancelled = True
-                    break
-                if reads is not None:
-                    reads.append((t, data))
-                if tally.feed(t, data) and rec.t_first is None:
-                    rec.t_first = t
-                    if on_first_token is not None:
-                        on_first_token(rec)
+        async with asyncio.timeout(None) as bound:
+            watch = Watchdog(tally, rec.t_send, conn.timeout, max_tokens, bound)
+            async with await conn.send("POST", path, **kwargs) as resp:
+                rec.status = resp.status
+                if resp.status != 200:
+                    conn.refuse_redirect(resp, path)
+                    body = await read_body(resp, path, ERROR_BODY_LIMIT, truncate=True)
+                    err = conn.http_error(resp.status, body, path)
+                    if isinstance(err, KeyRejected):
+                        raise err
+                    rec.error = str(err)
+                    rec.t_end = clock()  # answered: out of flight (not open to the window's end)
+                    return rec
+                async for data in resp.content.iter_any():
+                    t = clock()
+                    if stop_at is not None and t >= stop_at[0]:
+                        # the window closed: what comes now is read by nobody (the connection
+                        # is closed with the response), even when the loop is behind
+                        rec.cancelled = True
+                        break
+                    if reads is not None:
+                        reads.append((t, data))
+                    if tally.feed(t, data) and rec.t_first is None:
+                        rec.t_first = t
+                        if on_first_token is not None:
+                            on_first_token(rec)
+                    if tally.done:
+                        watch.done()  # [DONE] ends the stream, whether or not the server closes
     except asyncio.CancelledError:
         rec.cancelled = True
         rec.t_end = clock()
@@ -347,12 +465,110 @@ async def stream_request(
     except KeyRejected:
         raise
     except TimeoutError:
-        rec.error = f"no data for {conn.timeout:g} s (stalled stream)"
-        rec.error_setting = "timeout"
+        if watch is None or watch.why != Watchdog.DONE:
+            rec.error = (
+                watch.why
+                if watch is not None and watch.why
+                else f"no data for {conn.timeout:g} s (stalled stream)"
+            )
+            rec.error_setting = "timeout"
+    except MalformedAnswer as exc:  # the stream broke the protocol: a failed request
+        rec.error = f"{path}: {exc.field + ' ' if exc.field else ''}{exc.what}"
+    except Redirected as exc:
+        rec.error = str(exc)
+    except aiohttp.ClientResponseError as exc:  # a header over its cap, a head not HTTP
+        rec.error = str(conn._bad_head(path, exc))
     except aiohttp.ClientPayloadError as exc:
         rec.error = f"stream broken: {exc}"
     except (aiohttp.ClientConnectionError, OSError) as exc:
         rec.error = f"connection failed: {exc}"
+    finally:
+        if watch is not None:
+            watch.cancel()
     rec.t_end = clock()
     tally.close()  # its text goes, where its total is exact
+    if tally.broken is not None and not rec.error:
+        broken = tally.broken
+        rec.error = f"{path}: {broken.field + ' ' if broken.field else ''}{broken.what}"
+    if tally.error is not None:  # an error event: redacted before it is cut, made printable
+        tally.error = for_person(tally.error, 300, conn.api_key)
+    if rec.error:
+        rec.error = for_person(rec.error, 300, conn.api_key)
     return rec
+
+
+class Watchdog:
+    """The time bounds of one stream (docs/trust.md): its first token within the timeout of
+    its send, each gap between tokens within the timeout, and the whole request within the
+    timeout plus its max_tokens at FLOOR_TOK_S. A token is an event with output or a rise of
+    its usage: comments, keep-alives and whitespace do not count. It wakes when a bound is
+    due, never once a read, and expires the request's ``asyncio.timeout``; ``why`` says
+    which bound it was (:attr:`DONE`: the stream sent ``[DONE]`` and did not end)."""
+
+    DONE = "done"
+    #: seconds a stream may go on after its [DONE] before it is closed
+    DONE_GRACE_S = 0.5
+
+    __slots__ = ("bound", "ended", "handle", "loop", "t_send", "tally", "timeout", "total", "why")
+
+    def __init__(
+        self,
+        tally: StreamTally,
+        t_send: float,
+        timeout: float,
+        max_tokens: int | None,
+        bound: asyncio.Timeout,
+    ) -> None:
+        self.tally, self.t_send, self.timeout, self.bound = tally, t_send, timeout, bound
+        self.total = timeout + (max_tokens if max_tokens is not None else 4096) / FLOOR_TOK_S
+        self.why: str | None = None
+        self.ended = False  # [DONE] came
+        self.loop = asyncio.get_running_loop()
+        self.handle: asyncio.TimerHandle | None = self.loop.call_later(timeout, self.check)
+
+    def last_token(self) -> float | None:
+        tally = self.tally
+        last = tally.usage_times[-1] if tally.usage_times else None
+        if tally.text_times and (last is None or tally.text_times[-1] > last):
+            last = tally.text_times[-1]
+        return last
+
+    def check(self) -> None:
+        now = time.perf_counter()
+        last = self.last_token()
+        if last is None:
+            due = self.t_send + self.timeout
+            why = f"no first token within {self.timeout:g} s of the request (a stalled stream)"
+        else:
+            due = last + self.timeout
+            why = (
+                f"no token for {self.timeout:g} s after the last one (a stalled stream; "
+                "comments and keep-alives are not tokens)"
+            )
+        if self.t_send + self.total < due:
+            due = self.t_send + self.total
+            why = (
+                f"not finished within {self.total:g} s (the timeout plus max_tokens at "
+                f"{FLOOR_TOK_S:g} tok/s)"
+            )
+        if now >= due - 1e-3:
+            self.expire(why)
+        else:
+            self.handle = self.loop.call_later(due - now, self.check)
+
+    def expire(self, why: str) -> None:
+        self.handle = None
+        self.why = why
+        self.bound.reschedule(self.loop.time())
+
+    def done(self) -> None:
+        """[DONE] came: the stream ends at the server's close, or DONE_GRACE_S from now."""
+        if not self.ended and self.why is None and self.handle is not None:
+            self.ended = True
+            self.handle.cancel()
+            self.handle = self.loop.call_later(self.DONE_GRACE_S, self.expire, self.DONE)
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None

@@ -67,6 +67,29 @@ class RequestRejected(LLMSpeedError):
         self.url = url
 
 
+class MalformedAnswer(LLMSpeedError):
+    """What the server sent breaks the protocol: a field of the wrong type or out of range, an
+    answer that is not the JSON it should be (docs/trust.md). The message names the route, the
+    field and the value (cut short)."""
+
+    setting = "endpoint"
+
+    def __init__(self, route: str, what: str, field: str | None = None):
+        where = f"{route}: {field} {what}" if field else f"{route}: {what}"
+        super().__init__(where)
+        self.route, self.field, self.what = route, field, what
+
+
+class AnswerTooLarge(MalformedAnswer):
+    """An answer, a line of a stream or a header over its cap (docs/trust.md)."""
+
+
+class Redirected(LLMSpeedError):
+    """The server answered with a redirect, which is never followed."""
+
+    setting = "endpoint"
+
+
 class WrongPromptLength(LLMSpeedError):
     """The server counted a prompt at another length than it was built to be."""
 
@@ -103,3 +126,18 @@ def redact_secrets(text: str) -> str:
     for pattern in _SECRET_PATTERNS:
         text = pattern.sub(lambda m: m.group("keep") + "<redacted>", text)
     return text
+
+
+def secret_values(text: str) -> list[str]:
+    """The secret values :func:`redact_secrets` would remove from ``text`` (quotes around a
+    value dropped), to be registered: a server may echo them bare, where no pattern knows
+    them."""
+    found = []
+    for pattern in _SECRET_PATTERNS:
+        for m in pattern.finditer(text):
+            value = m.group("secret")
+            if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            if value:
+                found.append(value)
+    return found

@@ -14,9 +14,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .client import Connection, Stop, StreamRecord
-from .errors import KeyRejected
+from .errors import KeyRejected, LLMSpeedError
 from .prompts import PromptFactory
 from .replicas import ReplicaSet, stream_to
+from .text import for_person
+
+
+def failure_words(exc: BaseException) -> str:
+    """A stream task's unexpected exception in one line: what it was, where the client was."""
+    what = for_person(str(exc) or "(no message)", 200)
+    if isinstance(exc, LLMSpeedError):
+        return f"a stream failed: {what}"
+    return f"a stream failed inside the client: {type(exc).__name__}: {what}"
 
 
 class PromptSource:
@@ -82,6 +91,8 @@ class Streams:
         self.aborted: str | None = None
         self.consecutive_fail = 0
         self.tasks: list[asyncio.Task[None]] = []
+        #: a stream task's exception that is not a request's error (the cell's reason)
+        self.failure: str | None = None
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -110,6 +121,13 @@ class Streams:
         for res in results:
             if isinstance(res, KeyRejected):
                 raise res
+        for res in results:
+            # no stream task's exception is lost: one that ended in another exception (a bug,
+            # not the server's fault: the server's are each request's error) is the cell's
+            # reason
+            if isinstance(res, Exception) and self.failure is None:
+                self.failure = failure_words(res)
+                self.aborted = self.aborted or self.failure
 
     def _first_token(self, slot: int) -> Callable[[StreamRecord], None]:
         def callback(rec: StreamRecord) -> None:
@@ -134,16 +152,22 @@ class Streams:
         # no request starts once the streams stop reading (the window has closed): it would
         # only be sent and dropped
         while not self.stopping and time.perf_counter() < stop_at[0]:
-            body = await self.prompts.next()
-            rec = StreamRecord(keep_reads=self.keep_reads)
-            self.records.append(rec)
             try:
+                body = await self.prompts.next()
+                rec = StreamRecord(keep_reads=self.keep_reads)
+                self.records.append(rec)
                 await stream_to(self.conn, self.path, body, rec, self._first_token(slot), self.stop)
             except KeyRejected:
                 # the key stopped working: stop the cell now (not at the window's timeout)
                 self.aborted = self.aborted or "the server rejected the API key"
                 self._abort()
                 raise
+            except Exception as exc:
+                # not a request's error (those are in its record): the cell stops, and says why
+                self.failure = self.failure or failure_words(exc)
+                self.aborted = self.aborted or self.failure
+                self._abort()
+                return
             if rec.error:
                 self.consecutive_fail += 1
                 if self.consecutive_fail >= 4 * n + 8:

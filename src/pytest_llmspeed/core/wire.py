@@ -14,6 +14,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import AnswerTooLarge, MalformedAnswer
+
 # -- what is sent -------------------------------------------------------------------------------
 
 
@@ -56,26 +58,79 @@ def _object(payload: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _output_text(choice: dict[str, Any]) -> str:
-    """The output (text, content, reasoning) a choice carries."""
-    text = choice.get("text") or ""
-    delta = choice.get("delta")
-    if delta:
-        text += delta.get("reasoning_content") or delta.get("reasoning") or ""
-        text += delta.get("content") or ""
-    return text
+#: the largest token count a server may report (a count above it is not a count)
+MAX_COUNT = 2**31
+#: the longest SSE line (one event) a stream may send (docs/trust.md)
+MAX_LINE = 1 << 20
+#: characters of a bad value quoted in an error
+_QUOTED = 60
 
 
-def _carries_output(choice: dict[str, Any]) -> bool:
-    """Output text, or a tool call."""
+def shown(value: object) -> str:
+    """A value a server sent, quoted for an error message: its JSON (or repr), cut short, and
+    what type it is."""
+    try:
+        text = json.dumps(value, ensure_ascii=True)
+    except (TypeError, ValueError):
+        text = repr(value)
+    if len(text) > _QUOTED:
+        text = text[: _QUOTED - 1] + "…"
+    kind = {
+        str: "a string", float: "a number with a fraction", bool: "a boolean",
+        list: "a list", dict: "an object", type(None): "null", int: "a whole number",
+    }.get(type(value), type(value).__name__)  # fmt: skip
+    return f"{text} ({kind})"
+
+
+def checked_count(value: object, field: str, route: str = "stream") -> int:
+    """A token count a server sent: a whole number in 0 … 2^31 (never a boolean, a float, a
+    string); else :class:`MalformedAnswer` naming the field and the value."""
+    if type(value) is not int:
+        raise MalformedAnswer(route, f"is {shown(value)}, not a whole number of tokens", field)
+    if not 0 <= value <= MAX_COUNT:
+        raise MalformedAnswer(route, f"is {shown(value)}, outside 0 … 2^31 tokens", field)
+    return value
+
+
+def _text_field(holder: dict[str, Any], key: str, where: str) -> str:
+    value = holder.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise MalformedAnswer("stream", f"is {shown(value)}, not a string or null", where + key)
+    return value
+
+
+def _choice_output(choice: object) -> tuple[str, bool]:
+    """The output (text, content, reasoning) a choice carries, and whether it carries any
+    (text, or a tool call); every field checked for its type."""
+    if not isinstance(choice, dict):
+        raise MalformedAnswer("stream", f"is {shown(choice)}, not an object", "a choice")
+    text = _text_field(choice, "text", "choices[].")
     delta = choice.get("delta")
-    return bool(_output_text(choice)) or bool(delta and delta.get("tool_calls"))
+    tools = False
+    if delta is not None:
+        if not isinstance(delta, dict):
+            raise MalformedAnswer("stream", f"is {shown(delta)}, not an object", "choices[].delta")
+        text += _text_field(delta, "reasoning_content", "choices[].delta.") or _text_field(
+            delta, "reasoning", "choices[].delta."
+        )
+        text += _text_field(delta, "content", "choices[].delta.")
+        calls = delta.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise MalformedAnswer(
+                "stream", f"is {shown(calls)}, not a list", "choices[].delta.tool_calls"
+            )
+        tools = bool(calls)
+    return text, bool(text) or tools
 
 
 #: the counted fields, as vLLM, SGLang and the simulator write them (compact JSON); a stream
 #: written otherwise is parsed event by event, exactly, at the cost of a JSON parse each
 _COMPLETION = b'"completion_tokens":'
 _NUMBER = re.compile(rb"\d+")
+#: a count the fast path cannot read as a whole number (a string, a float, 1e30, null, ...)
+_BAD_COUNT = re.compile(rb'"completion_tokens":(?!\d{1,10}[,}])')
 _CHOICES = b'"choices":['
 _NO_CHOICE = b'"choices":[]'
 _FINISHED = b'"finish_reason":"'
@@ -111,7 +166,8 @@ class StreamTally:
     output)."""
 
     __slots__ = (
-        "carry", "chunks", "completion_tokens", "done", "error", "fast", "fed", "finish_reason",
+        "broken", "carry", "chunks", "completion_tokens", "done", "error", "fast", "fed",
+        "finish_reason",
         "prev", "prompt_tokens", "seen_token", "text", "text_times", "token_chunks", "usage_chunks",
         "usage_counts", "usage_times",
     )  # fmt: skip
@@ -134,6 +190,7 @@ class StreamTally:
         self.text_times = array("d")  # events whose choices carry output
         self.text: list[str] | None = []  # output text, while the tokenizer may need it
         self.fed = False  # a read came
+        self.broken: MalformedAnswer | None = None  # the stream broke the protocol here
 
     def feed(self, t: float, data: bytes) -> bool:
         """Count one read that arrived at ``t``; True when it brought the stream's first
@@ -144,6 +201,11 @@ class StreamTally:
         end = data.rfind(b"\n") + 1
         if end < len(data):
             data, self.carry = data[:end], data[end:]
+            if len(self.carry) > MAX_LINE:
+                self.carry = b""
+                raise AnswerTooLarge(
+                    "stream", f"sent an event longer than {MAX_LINE >> 20} MiB with no line end"
+                )
         if not data:
             return False
         if self.fast and self._count(t, data):
@@ -158,7 +220,10 @@ class StreamTally:
             last = self.usage_times[-1] if self.usage_times else 0.0
             last = max(last, self.text_times[-1] if self.text_times else 0.0)
             tail, self.carry = self.carry + b"\n", b""
-            self._parse(last, tail)
+            try:
+                self._parse(last, tail)
+            except MalformedAnswer as exc:
+                self.broken = self.broken or exc
         if self.completion_tokens is not None or self.finish_reason == "length":
             self.text = None
 
@@ -176,6 +241,8 @@ class StreamTally:
         usages = data.count(_COMPLETION)
         if not usages:
             return b"data:" not in data  # events without usage: parsed
+        if usages != data.count(b"data:") - data.count(DONE):
+            return False  # an event without usage (an error, another shape): parsed
         tail = data.rfind(b"data:")
         for _ in range(2):
             tail = max(data.rfind(b"data:", 0, tail), 0) if tail > 0 else 0
@@ -190,11 +257,15 @@ class StreamTally:
                 self._parse(t, data[cut:])
                 return True
             return False
+        if _BAD_COUNT.search(data) is not None:
+            return False  # a count that is not a whole number: the exact parse says which
         at = data.rfind(_COMPLETION) + len(_COMPLETION)
         number = _NUMBER.match(data, at)
         if number is None:
             return False
         n = int(number.group())
+        if n < self.prev or n > MAX_COUNT:
+            return False  # a count that falls, or no count: the exact parse refuses it
         chunks = usages - end.count(_NO_CHOICE)
         self.chunks += chunks
         self.usage_chunks += chunks
@@ -231,29 +302,59 @@ class StreamTally:
             pos = end + 1
             if not line.startswith(b"data:"):
                 continue
+            if len(line) > MAX_LINE:
+                raise AnswerTooLarge("stream", f"sent an event longer than {MAX_LINE >> 20} MiB")
             payload = line[5:].strip()
             if payload == DONE:
                 self.done = True
                 continue
+            if not payload:
+                continue
             obj = _object(payload)
             if obj is None:
-                continue
-            if "error" in obj and not obj.get("choices"):
+                raise MalformedAnswer(
+                    "stream", f"is {shown(payload.decode('utf-8', 'replace'))}, not a JSON object",
+                    "a data: event",
+                )  # fmt: skip
+            choices = obj.get("choices")
+            if "error" in obj and not choices:
                 if self.error is None:
                     err = obj["error"]
                     self.error = str(err.get("message", err) if isinstance(err, dict) else err)
                 continue
-            choices = obj.get("choices") or ()
+            if choices is None:
+                choices = ()
+            elif not isinstance(choices, list):
+                raise MalformedAnswer("stream", f"is {shown(choices)}, not a list", "choices")
             output = False
             for c in choices:
-                if c.get("finish_reason"):
-                    self.finish_reason = c["finish_reason"]
-                if _carries_output(c):
+                text, carries = _choice_output(c)
+                reason = c.get("finish_reason")
+                if reason is not None:
+                    if not isinstance(reason, str):
+                        raise MalformedAnswer(
+                            "stream", f"is {shown(reason)}, not a string or null",
+                            "choices[].finish_reason",
+                        )  # fmt: skip
+                    if reason:
+                        self.finish_reason = reason
+                if carries:
                     output = True
                     if self.text is not None:
-                        self.text.append(_output_text(c))
+                        self.text.append(text)
             usage = obj.get("usage")
-            ct = usage.get("completion_tokens") if usage else None
+            if usage is not None and not isinstance(usage, dict):
+                raise MalformedAnswer("stream", f"is {shown(usage)}, not an object", "usage")
+            ct = None
+            if usage:
+                raw = usage.get("completion_tokens")
+                if raw is not None:
+                    ct = checked_count(raw, "usage.completion_tokens")
+                    if ct < self.prev:
+                        raise MalformedAnswer(
+                            "stream", f"fell from {self.prev} to {ct} (a count only rises)",
+                            "usage.completion_tokens",
+                        )  # fmt: skip
             if choices:
                 self.chunks += 1
                 if ct is not None:
@@ -267,7 +368,9 @@ class StreamTally:
                 if output:
                     self.text_times.append(t)
             if usage:
-                self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
+                pt = usage.get("prompt_tokens")
+                if pt is not None:
+                    self.prompt_tokens = checked_count(pt, "usage.prompt_tokens")
                 if ct is not None:
                     if ct > self.prev:
                         self.token_chunks += 1

@@ -156,6 +156,8 @@ async def _run(spec: WorkerSpec, shared: Shared) -> WorkerResult:
             await streams.close(shared.stop_at.value)
         except KeyRejected as exc:
             result.key_rejected = str(exc)
+        if streams.failure is not None:
+            result.error = streams.failure
         result.records = streams.records
         return result
     finally:
