@@ -34,6 +34,7 @@ from .records import decode_record, prefill_record, unmeasured_record
 from .replicas import ReplicaSet, per_replica_tok_s, probe_replicas
 from .stats import RequestBounds
 from .status import MAX_ERROR_RATE, cell_status
+from .text import Secret, secret
 from .wire import Dialect
 
 T = TypeVar("T")
@@ -70,7 +71,9 @@ def was_interrupted(runner: asyncio.Runner) -> bool:
 @dataclass
 class BenchConfig:
     base_url: str
-    api_key: str | None
+    #: the API key: its repr is <redacted> (a traceback with locals shows no key); revealed
+    #: only in the Authorization header
+    api_key: Secret | None
     model: str | None
     api: str
     max_output: int
@@ -94,6 +97,9 @@ class BenchConfig:
     #: the next cells when a cell's busiest process used more than AUTO_CPU_SHARE of a core or
     #: fell behind)
     client_processes: int | str = 1
+
+    def __post_init__(self) -> None:
+        self.api_key = secret(self.api_key)  # a plain string from a script: a Secret too
 
 
 @dataclass

@@ -25,7 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import LLMSpeedError, redact_secrets
+from .errors import LLMSpeedError, redact_secrets, secret_values
+from .text import printable, register
 
 #: seconds between the signals of a stop: SIGINT, then SIGTERM, then SIGKILL
 GRACE_S = (10.0, 5.0)
@@ -71,7 +72,7 @@ def free_port() -> int:
 class ServeCommand:
     """A server command as it will run: its words, its port, and how it is shown."""
 
-    words: tuple[str, ...]
+    words: tuple[str, ...] = field(repr=False)  # as run: secrets included
     port: int
     shown: str  # secrets redacted
 
@@ -108,7 +109,10 @@ def plan(command: str) -> ServeCommand:
             )
     if shutil.which(words[0]) is None:
         raise LaunchError(f"the server command {words[0]!r} is not found (not on PATH)")
-    return ServeCommand(tuple(words), port, redact_secrets(shlex.join(words)))
+    joined = shlex.join(words)
+    for value in secret_values(joined):  # a server may echo them bare, in its log
+        register(value)
+    return ServeCommand(tuple(words), port, redact_secrets(joined))
 
 
 @dataclass
@@ -132,7 +136,9 @@ class LaunchedServer:
             text = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return "(no log)"
-        return "\n".join(redact_secrets(line) for line in text[-lines:])
+        # every known secret (the key, the command's own) out, not only those a pattern
+        # sees; the server's bytes without control characters
+        return "\n".join(printable(redact_secrets(line)) for line in text[-lines:])
 
     def exited_message(self, when: str) -> str:
         code = self.exit_code()

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from ..core.matrix import MatrixError, parse_concurrency, parse_contexts
+from ..core.text import Secret, redact_known, register, secret
 from ..report.outputs import OUTPUTS, Output
 
 DEFAULT_CONTEXTS = "8K,16K,32K,64K,128K,max"
@@ -240,7 +241,7 @@ class Settings:
     endpoints: tuple[str, ...] = ()  # every endpoint, when several (the replicas of one model)
     metrics_urls: tuple[str, ...] = ()
     model: str | None = None
-    api_key: str | None = field(default=None, repr=False)
+    api_key: Secret | None = field(default=None, repr=False)  # revealed in the header only
     api: str = "completions"
     prompt_form: str = "ids"
     contexts: tuple[int | str, ...] = ()
@@ -269,7 +270,7 @@ class Settings:
     compare: str | None = None
     meta: tuple[tuple[str, str], ...] = ()
     launch_command: str | None = None
-    serve: str | None = None
+    serve: str | None = field(default=None, repr=False)  # as given: secrets included
     serve_timeout: float = 900.0
     serve_log: str | None = None
     builtin_suite: str = "auto"
@@ -397,7 +398,7 @@ def endpoint_of(config: pytest.Config) -> str | None:
 
 
 def _bad(source: str, value: str, why: str) -> pytest.UsageError:
-    return pytest.UsageError(f"{source}={value!r}: {why}")
+    return pytest.UsageError(redact_known(f"{source}={value!r}: {why}"))
 
 
 def load(config: pytest.Config) -> Settings:
@@ -642,7 +643,13 @@ def _convert(key: str, value: str) -> Any:
         from ..gate.slo import parse
 
         return parse(value)  # SLOError (a ValueError): one line, what is valid
+    if key == "api_key":
+        return secret(value)  # a Secret from here on, registered: redacted from every text
     if key == "serve":
+        from ..core.errors import secret_values
+
+        for found in secret_values(value):  # the command's own keys and tokens
+            register(found)
         return value
     if key == "launch_command":
         from ..core.errors import redact_secrets
