@@ -311,7 +311,7 @@ def pytest_report_collectionfinish(config: pytest.Config) -> list[str] | None:
     lines = [f"llmspeed: {run.selection.rule}"]
     if run.selection.needs_server and config.getoption("verbose") >= 0:
         lines += run.server.header()
-    return lines
+    return [run.redact(line) for line in lines]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -360,7 +360,8 @@ def pytest_terminal_summary(
     run = _run(config)
     if run is None or not run.store.cells:
         return
-    from ..report.markdown import summary
+    from ..core.text import markdown_inline
+    from ..report.markdown import capped, summary
     from ..report.terminal import gate_lines, render
 
     store, s = run.store, run.settings
@@ -389,11 +390,16 @@ def pytest_terminal_summary(
         terminalreporter.write_line(f"{output.label}: {path}")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
-        title = run.server.server_line or run.server.header()[0]
+        # the server's strings in the title escaped: they can add no heading, link or HTML
+        title = run.server.header(markdown_inline)[0].removeprefix("llmspeed server: ")
         text = summary(f"LLM speed: {title}", cells, store.notes, objectives, info.capacity)
         if comparison is not None and s.compare:
             from ..report.compare import markdown
 
             text += "\n" + markdown(comparison, s.compare, "this run")
+        try:  # GitHub's limit is the step's whole summary: what earlier steps wrote counts
+            written = os.path.getsize(step_summary)
+        except OSError:
+            written = 0
         with open(step_summary, "a", encoding="utf-8") as fh:
-            fh.write(run.redact(text))
+            fh.write(capped(run.redact(text), written))

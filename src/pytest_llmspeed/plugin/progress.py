@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from ..core.text import printable
 from ..results import CellId, CellRecord, Phase, Status
 
 if TYPE_CHECKING:
@@ -221,7 +222,7 @@ class ProgressReporter:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.ensure_newline()
-            reporter.write_line(line)
+            reporter.write_line(_one_line(line))
 
     def _write_open(self, line: str) -> None:
         """A line left open for pytest to end (``currentfspath`` -2, as pytest marks a line of
@@ -230,7 +231,7 @@ class ProgressReporter:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.ensure_newline()
-            reporter.write(line)
+            reporter.write(_one_line(line))
             reporter.currentfspath = -2
 
     def _in_log(self) -> bool:
@@ -325,3 +326,8 @@ class ProgressReporter:
         run = self.config.stash.get(RUN_KEY, None)
         if run is not None:
             run.watch(on_tick)
+
+
+def _one_line(line: str) -> str:
+    """A progress line as one line, made safe (a cell's reason may quote a server)."""
+    return printable(line).replace("\n", " ⏎ ")

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ..core.errors import LLMSpeedError, redact
 from ..core.matrix import Skip, context_label, decode_skip, exceeds_max_model_len
+from ..core.text import for_person, printable
 from ..results import LIMIT, MAX, CellId, Status
 
 if TYPE_CHECKING:
@@ -368,12 +369,22 @@ class ServerUnderTest:
 
     # -- in words --------------------------------------------------------------------------
 
-    def header(self) -> list[str]:
+    def header(self, shown: Callable[[object], str] = for_person) -> list[str]:
+        """The server line and the run's settings line; each of the server's own strings
+        (model, engine, version) through ``shown``: the one gate to a person (no control
+        character, no line break, at most 200 characters), or Markdown's."""
         if self.info is None:
             return [f"llmspeed: endpoint {self.public_endpoint} (not probed)"]
         s = self.settings
-        described = self.info.describe()
-        for url in {self.info.base_url, *self.info.replicas}:
+        info = self.info
+        safe = dataclasses.replace(
+            info,
+            model=shown(info.model),
+            engine=shown(info.engine),
+            version=None if info.version is None else shown(info.version),
+        )
+        described = safe.describe()
+        for url in {info.base_url, *info.replicas}:
             described = described.replace(url, public_url(url))
         return [
             "llmspeed " + self.redact(described),
@@ -400,4 +411,7 @@ class ServerUnderTest:
         )
 
     def redact(self, text: str) -> str:
-        return redact(text, self.settings.api_key)
+        """``text`` for an output (the terminal, JUnit, the files): every known secret out
+        (the key, the values in --llm-serve's command), control characters out, no line
+        that starts with ``::`` (core.text.printable)."""
+        return printable(redact(text, self.settings.api_key))

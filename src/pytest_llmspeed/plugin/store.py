@@ -9,11 +9,13 @@ import dataclasses
 import datetime as _dt
 import platform
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from .. import __version__
+from ..core.text import printable, redact_known
 from ..results import CellRecord, Phase, Results, RunInfo
 
 if TYPE_CHECKING:
@@ -38,8 +40,8 @@ class CellStore:
             self.earlier = load(settings.compare)  # ResultsError: not a results file
 
     def note(self, *texts: str) -> None:
-        """Add notes for the whole run (each once)."""
-        for text in texts:
+        """Add notes for the whole run (each once; secrets and control characters out)."""
+        for text in map(printable, texts):
             if text not in self.notes:
                 self.notes.append(text)
 
@@ -52,6 +54,7 @@ class CellStore:
             from ..gate.slo import judge
 
             rec = dataclasses.replace(rec, slo=judge(rec, self.settings.slo).words())
+        rec = _safe(rec)
         self.cells[str(rec.id)] = rec
         self.write()
         return rec
@@ -64,9 +67,11 @@ class CellStore:
             tool=f"pytest-llmspeed {__version__}",
             started=self.started_at,
             endpoint=server.public_endpoint,
-            model=info.model if info else s.model,
-            engine=info.engine if info else None,
-            engine_version=info.version if info else None,
+            # the server's strings as it sent them, its key (if echoed) out: each output
+            # shows them through core.text.for_person
+            model=_known_out(info.model if info else s.model),
+            engine=_known_out(info.engine if info else None),
+            engine_version=_known_out(info.version if info else None),
             max_model_len=info.max_model_len if info else None,
             kv_capacity=info.kv_capacity if info else None,
             kv_capacity_source=info.kv_capacity_source if info else None,
@@ -79,7 +84,9 @@ class CellStore:
             platform=platform.platform(),
             pytest=pytest.__version__,
             metadata={**server.machine, **server.engine_packages, **dict(s.meta)},
-            launch_command=s.launch_command or (s.serve_plan.shown if s.serve_plan else None),
+            launch_command=_known_out(
+                s.launch_command or (s.serve_plan.shown if s.serve_plan else None)
+            ),
             capacity=self.capacity(),
         )
 
@@ -114,3 +121,30 @@ class CellStore:
         from ..report.compare import compare
 
         return compare(self.earlier, results or self.results())
+
+
+def _known_out(text: str | None) -> str | None:
+    return None if text is None else redact_known(text)
+
+
+def _safe(rec: CellRecord) -> CellRecord:
+    """A record as it is kept: every known secret and control character out of its words
+    (the reason, the notes, the failed requests' summary: a server's error echoed there may
+    hold the key), before anything stores, prints or cuts them."""
+    summary = rec.error_summary
+    return dataclasses.replace(
+        rec,
+        reason=None if rec.reason is None else printable(rec.reason),
+        notes=tuple(printable(n) for n in rec.notes),
+        error_summary=None if summary is None else _merged(summary),
+    )
+
+
+def _merged(summary: Mapping[str, int]) -> dict[str, int]:
+    """Errors by kind, each kind's words made safe (two kinds that differed only by a secret
+    are one)."""
+    out: dict[str, int] = {}
+    for kind, count in summary.items():
+        safe = printable(kind)
+        out[safe] = out.get(safe, 0) + count
+    return out

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from tabulate import tabulate
 
+from ..core.text import for_person
 from ..results import CellRecord, Phase, Status, order_contexts
 from .notes import by_kind, which
 from .slo import markdown as slo_markdown
@@ -85,5 +87,36 @@ def summary(
             lines += ["", "**Why** (the server's own figures against the baseline's)", ""]
             lines += [f"- {w}" for w in why]
         lines.append("")
-    lines += [f"> {n}" for n in notes]
+    lines += [f"> {note_line(n)}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+#: GitHub's limit of a step's summary (1 MiB; a larger one is not shown at all)
+SUMMARY_LIMIT = 1024 * 1024
+#: the characters by which a note could start a heading, a link, a table or emphasis
+_NOTE_SPECIAL = re.compile(r"([\\`*_\[\]|~#])")
+
+
+def note_line(text: str) -> str:
+    """A note of the run (the plugin's words, a server's strings in some) as one line of
+    Markdown that adds nothing: :func:`~pytest_llmspeed.core.text.for_person` (a longer
+    cap: the words are the plugin's), HTML's ``<``, ``>``, ``&`` as entities, and the
+    characters of headings, links, tables and emphasis escaped (the rest, ``.`` ``-`` ``(``,
+    shows as it is)."""
+    text = for_person(text, 2_000)
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _NOTE_SPECIAL.sub(r"\\\1", text)
+
+
+def capped(text: str, written: int = 0, limit: int = SUMMARY_LIMIT) -> str:
+    """``text`` cut at a line, with a last line that says so, when it and what the step's
+    summary already holds (``written`` bytes) would pass ``limit`` bytes."""
+    room = limit - written
+    data = text.encode()
+    if len(data) <= room:
+        return text
+    end = "\n> The summary is cut here: GitHub shows at most 1 MiB of a step's summary. "
+    end += "The whole run is in the results file and the page.\n"
+    keep = data[: max(room - len(end.encode()), 0)].decode(errors="ignore")
+    keep = keep[: keep.rfind("\n") + 1] if "\n" in keep else ""
+    return keep + end

@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import figures
 from ..core.heartbeat import CLIENT_PREFIX
+from ..core.text import for_person
 from ..results import CellRecord, Outcome, Phase, Results, Status, order_contexts
 from .charts import Series, line_chart
 from .compare import Comparison, Verdict, change_matrix, fmt_change
@@ -126,7 +127,8 @@ def _subtitle(results: Results) -> str:
     run = results.run
     decode = results.phase(Phase.DECODE)
     prefill = results.phase(Phase.PREFILL)
-    parts = [f"{run.engine or 'engine ?'} {run.engine_version or ''}".strip()]
+    engine = for_person(run.engine) if run.engine else "engine ?"
+    parts = [f"{engine} {for_person(run.engine_version or '')}".strip()]
     if decode:
         ctx = [c.context_display or c.context for c in decode]
         labels = list(dict.fromkeys(ctx))
@@ -150,7 +152,10 @@ def _blocks(results: Results) -> list[dict[str, Any]]:
     blocks = []
     if hardware:
         blocks.append({"heading": "Hardware", "rows": hardware})
-    engine_rows = [("Engine", run.engine or "—"), ("Version", run.engine_version or "—")]
+    engine_rows = [
+        ("Engine", for_person(run.engine or "—")),
+        ("Version", for_person(run.engine_version or "—")),
+    ]
     engine_rows += [(k, v) for k, v in meta.items()]
     blocks.append({"heading": "Engine", "rows": engine_rows})
     prompt = {"ids": "token-id", "text": "text (sized with /tokenize)"}.get(
@@ -161,7 +166,7 @@ def _blocks(results: Results) -> list[dict[str, Any]]:
         {
             "heading": "Run",
             "rows": [
-                ("Served model", run.model or "—"),
+                ("Served model", for_person(run.model or "—")),
                 ("Max model len", f"{run.max_model_len:,}" if run.max_model_len else "unknown"),
                 ("KV capacity", f"{cap} ({run.kv_capacity_source or '?'})"),
                 ("API", f"{run.api or s.get('api', '—')} ({prompt} prompts)"),
@@ -448,13 +453,15 @@ def render_page(results: Results, comparison: Comparison | None = None) -> Page:
     decode = [c for c in cells if c.phase is Phase.DECODE]
     prefill = [c for c in cells if c.phase is Phase.PREFILL]
     where = run.metadata.get("hardware") or run.metadata.get("gpu") or run.engine or "a server"
+    # the page's title and the server line: the one gate from a server string to a person
+    # (no control character, no line break, at most 200 characters; Jinja2 escapes HTML)
     columns, matrix_rows = _matrix(decode)
     further_header, further_rows = further_figures(cells)
     server_header, server_rows = server_table(cells)
     template = _environment().get_template("page.html.j2")
     html = template.render(
         tool=run.tool,
-        title=f"{run.model or 'model ?'} on {where}",
+        title=f"{for_person(run.model or 'model ?')} on {for_person(where)}",
         subtitle=_subtitle(results),
         measured=run.started,
         blocks=_blocks(results),
