@@ -22,6 +22,9 @@ from pytest_llmspeed.core.prompts import PromptFactory
 from pytest_llmspeed.core.protocol import negotiate, run_decode, run_prefill
 from pytest_llmspeed.sim import SimOptions, running_simulator_process
 
+#: the simulator's own trace is ours to read whole (not a server answer under test)
+TRACE_LIMIT = 1 << 30
+
 
 def server_truth(requests: list[dict], w0: float, w1: float) -> tuple[int, float]:
     tokens = 0
@@ -46,7 +49,7 @@ async def measure(url: str, streams: int, duration: float, context: int, max_out
         result = await run_decode(
             conn, factory, dialect, server.model, context, streams, max_output, duration
         )
-        _, body = await conn.get("/sim/trace")
+        _, body = await conn.get("/sim/trace", limit=TRACE_LIMIT)
     finally:
         await conn.close()
     w0, w1 = result.window

@@ -15,13 +15,13 @@ from pytest_llmspeed.core.probe import probe
 from pytest_llmspeed.core.prompts import PromptFactory
 from pytest_llmspeed.core.protocol import negotiate, run_prefill
 
-from .truth import SLACK_MS, match, measure, tbt_bounds, token_bounds, ttft_bounds
+from .truth import SLACK_MS, TRACE_LIMIT, match, measure, tbt_bounds, token_bounds, ttft_bounds
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 
 async def _trace(conn):
-    status, body = await conn.get("/sim/trace")
+    status, body = await conn.get("/sim/trace", limit=TRACE_LIMIT)
     assert status == 200
     return json.loads(body)["requests"]
 

@@ -129,8 +129,8 @@ def _choice_output(choice: object) -> tuple[str, bool]:
 #: written otherwise is parsed event by event, exactly, at the cost of a JSON parse each
 _COMPLETION = b'"completion_tokens":'
 _NUMBER = re.compile(rb"\d+")
-#: a count the fast path cannot read as a whole number (a string, a float, 1e30, null, ...)
-_BAD_COUNT = re.compile(rb'"completion_tokens":(?!\d{1,10}[,}])')
+#: what follows a whole number in compact JSON (a ``.``, an ``e`` or a quote: not one)
+_COUNT_ENDS = (b",", b"}")
 _CHOICES = b'"choices":['
 _NO_CHOICE = b'"choices":[]'
 _FINISHED = b'"finish_reason":"'
@@ -241,8 +241,6 @@ class StreamTally:
         usages = data.count(_COMPLETION)
         if not usages:
             return b"data:" not in data  # events without usage: parsed
-        if usages != data.count(b"data:") - data.count(DONE):
-            return False  # an event without usage (an error, another shape): parsed
         tail = data.rfind(b"data:")
         for _ in range(2):
             tail = max(data.rfind(b"data:", 0, tail), 0) if tail > 0 else 0
@@ -257,15 +255,13 @@ class StreamTally:
                 self._parse(t, data[cut:])
                 return True
             return False
-        if _BAD_COUNT.search(data) is not None:
-            return False  # a count that is not a whole number: the exact parse says which
         at = data.rfind(_COMPLETION) + len(_COMPLETION)
         number = _NUMBER.match(data, at)
-        if number is None:
-            return False
+        if number is None or data[number.end() : number.end() + 1] not in _COUNT_ENDS:
+            return False  # not a whole number (a string, a float, 1e30): the exact parse says
         n = int(number.group())
         if n < self.prev or n > MAX_COUNT:
-            return False  # a count that falls, or no count: the exact parse refuses it
+            return False  # a count that falls, or out of range: the exact parse refuses it
         chunks = usages - end.count(_NO_CHOICE)
         self.chunks += chunks
         self.usage_chunks += chunks

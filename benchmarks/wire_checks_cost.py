@@ -1,0 +1,170 @@
+"""What the wire's checks (docs/trust.md) cost the client's hot path: CPU per read of the
+checked ``StreamTally`` against the tally of the commit before the checks, alternating.
+
+Every read of a stream goes through ``StreamTally.feed``; the checks add, per read, one regex
+search for a count that is not a whole number and a count of events against usage values
+(the fast path), or a type check per field (the exact parse). This feeds the same recorded
+reads to both tallies, ``--rounds`` rounds in alternating order, and reports the median CPU
+per read of each and their paired difference, for three shapes of stream:
+
+- **vLLM, one event a read**: continuous usage on every chunk, compact JSON (the fast path);
+- **vLLM, 8 events a read**: the same, read 8 events at a time (a client behind, or a fast
+  server);
+- **chat, no usage**: chat deltas without usage (the exact parse of every event).
+
+At 128 streams × 2,000 tok/s (benchmarks/results/client_at_scale.md's paced row, 256 K reads/s),
+a difference of d ns a read is 256,000 × d ns of CPU a second: 0.026 % of a core per ns.
+
+    python -m benchmarks.wire_checks_cost [--rounds 9] [--reads 20000] [--before 17de14a]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from benchmarks.common import RESULTS, ROOT, command, fmt, loadavg, machine, table, utc_now
+from pytest_llmspeed.core import wire
+
+WIRE = "src/pytest_llmspeed/core/wire.py"
+
+
+def old_wire(commit: str) -> ModuleType:
+    """``core/wire.py`` as it was at ``commit`` (standard library only), as a module."""
+    text = subprocess.run(
+        ["git", "show", f"{commit}:{WIRE}"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout
+    path = Path(tempfile.mkdtemp()) / "wire_before.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location("wire_before", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["wire_before"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def vllm_event(n: int) -> bytes:
+    event = {
+        "id": "cmpl-0123456789abcdef",
+        "object": "text_completion",
+        "created": 1764633600,
+        "model": "Qwen/Qwen3.5-27B-INT4",
+        "choices": [{"index": 0, "text": " word", "logprobs": None, "finish_reason": None}],
+        "usage": {"prompt_tokens": 8192, "total_tokens": 8192 + n, "completion_tokens": n},
+    }
+    return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+
+
+def chat_event() -> bytes:
+    event = {
+        "id": "chatcmpl-0123456789abcdef",
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"content": " word"}, "finish_reason": None}],
+    }
+    return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+
+
+def streams(reads: int) -> dict[str, list[bytes]]:
+    one = [vllm_event(i + 1) for i in range(reads)]
+    eight = [b"".join(vllm_event(8 * i + k + 1) for k in range(8)) for i in range(reads)]
+    chat = [chat_event() for _ in range(reads)]
+    return {
+        "vLLM, one event a read": one,
+        "vLLM, 8 events a read": eight,
+        "chat, no usage": chat,
+    }
+
+
+def cpu_per_read(tally_class: Callable[[], Any], reads: list[bytes], streams_of: int) -> float:
+    """CPU ns per read, ``reads`` fed to fresh tallies of ``streams_of`` reads each."""
+    t0 = time.process_time_ns()
+    for start in range(0, len(reads), streams_of):
+        tally = tally_class()
+        t = 0.0
+        for data in reads[start : start + streams_of]:
+            t += 0.001
+            tally.feed(t, data)
+        tally.close()
+    return (time.process_time_ns() - t0) / len(reads)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--reads", type=int, default=20000)
+    parser.add_argument("--before", default="17de14a", help="the commit before the checks")
+    parser.add_argument("--out", type=Path, default=RESULTS / "wire_checks_cost.md")
+    args = parser.parse_args(argv)
+    before = old_wire(args.before)
+    load = loadavg()
+    rows = []
+    for name, reads in streams(args.reads).items():
+        old: list[float] = []
+        new: list[float] = []
+        for r in range(args.rounds):
+            pair = [(before.StreamTally, old), (wire.StreamTally, new)]
+            for cls, out in pair if r % 2 == 0 else reversed(pair):
+                out.append(cpu_per_read(cls, reads, 4096))
+        diffs = [n - o for n, o in zip(new, old, strict=True)]
+        # the checked tally must count the same
+        a, b = before.StreamTally(), wire.StreamTally()
+        for i, data in enumerate(reads[:4096]):
+            a.feed(i * 1e-3, data)
+            b.feed(i * 1e-3, data)
+        a.close()
+        b.close()
+        same = list(a.usage_counts) == list(b.usage_counts) and list(a.text_times) == list(
+            b.text_times
+        )
+        rows.append(
+            [
+                name,
+                fmt(statistics.median(old), 0),
+                fmt(statistics.median(new), 0),
+                f"{statistics.median(diffs):+.0f}",
+                f"{statistics.median(diffs) * 256_000 / 1e9:+.2%}",
+                "yes" if same else "NO",
+            ]
+        )
+    lines = [
+        "# The wire's checks: what they cost a read",
+        "",
+        f"Made {utc_now()} on {machine()} with `{command('benchmarks.wire_checks_cost', argv)}`;"
+        f" load average {load} before. Tallies of {args.before} (before the checks) and of"
+        f" this tree, fed the same {args.reads:,} recorded reads, {args.rounds} rounds in"
+        " alternating order; CPU per read (process time), median over the rounds.",
+        "",
+        *table(
+            [
+                "stream",
+                "before, ns/read",
+                "checked, ns/read",
+                "difference, ns/read",
+                "of a core at 256 K reads/s",
+                "same counts",
+            ],
+            rows,
+            "lrrrrl",
+        ),
+        "",
+        "256 K reads/s is 128 streams × 2,000 tok/s, one token a read "
+        "(benchmarks/results/client_at_scale.md's paced row).",
+    ]
+    args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
