@@ -25,7 +25,7 @@ from .probe import (
     MetricsSnapshot,
     ServerInfo,
     engine_of,
-    kv_capacity_from_metrics,
+    kv_capacity_checked,
     metrics_text,
     read_metrics,
     snapshot,
@@ -245,7 +245,9 @@ async def probe_replicas(
     if uses_urls:
         read = await replicas.samples()
         has_metrics = all(s is not None for s in read)
-        capacities = [kv_capacity_from_metrics(s) if s else None for s in read]
+        checked = [kv_capacity_checked(s) if s else (None, []) for s in read]
+        capacities = [cap for cap, _ in checked]
+        notes += [n for _, found in checked for n in found if n not in notes]
         if engine == "unknown" and read[0] is not None:
             engine = engine_of(read[0])
     else:
