@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -40,11 +41,21 @@ __all__ = [
     "ServerFigures",
     "ServerSnapshot",
     "combine",
+    "invalidated",
     "only_families",
+    "refused_note",
     "snapshot",
     "snapshot_from_samples",
+    "went_back",
     "window_figures",
 ]
+
+#: the beginnings of a decode cell's notes on its server's values (``DecodeResult.notes``),
+#: which ``report/notes.py`` groups by kind
+BUSY_PREFIX = "server busy at the window's start: "
+REFUSED_PREFIX = "server values that are not figures: "
+WENT_BACK_PREFIX = "server figures not kept: "
+UNPARSED_PREFIX = "/metrics did not parse: "
 
 Kind = Literal["counter", "gauge", "histogram"]
 Samples = Mapping[str, Sequence[tuple[Mapping[str, str], float]]]
@@ -279,6 +290,9 @@ class ServerSnapshot:
     parts: Mapping[str, int]
     created: Mapping[str, float]
     replicas: int = 1
+    #: series whose values are not figures (NaN, infinite, negative): key → the sample and
+    #: its value in words; absent from ``values`` (not exposed for the cell)
+    refused: Mapping[str, str] = field(default_factory=dict)
 
     def total(self, key: str, part: str = "") -> float | None:
         got = self.values.get(key)
@@ -318,6 +332,7 @@ def snapshot_from_samples(samples: Samples, t: float) -> ServerSnapshot:
     values: dict[str, dict[str, float]] = {}
     parts: dict[str, int] = {}
     created: dict[str, float] = {}
+    refused: dict[str, str] = {}
     engines: set[str] = set()
     for series in SERIES:
         for names, family in (("vllm", series.vllm), ("sglang", series.sglang)):
@@ -325,17 +340,25 @@ def snapshot_from_samples(samples: Samples, t: float) -> ServerSnapshot:
                 continue
             got: dict[str, float] = {}
             count = 0
+            bad: str | None = None
             for part, name in _sample_names(series, family):
                 rows = samples.get(name)
                 if not rows:
                     continue
                 for labels, value in rows:
+                    if not _a_count(value):
+                        bad = bad or f"{name} {_words(value)}"
                     slot = labels.get(series.by, "") if series.by else part
                     got[slot] = got.get(slot, 0.0) + value
                 if part in ("", "count"):
                     count = len(rows)
             if not got:
                 continue
+            if bad is not None:
+                # NaN, infinite or negative: not a count, the series is not exposed here
+                refused[series.key] = bad
+                engines.add(names)
+                break
             values[series.key] = got
             parts[series.key] = count
             stamps = [v for _, v in samples.get(f"{family}_created", ())]
@@ -344,7 +367,22 @@ def snapshot_from_samples(samples: Samples, t: float) -> ServerSnapshot:
             engines.add(names)
             break  # vLLM's name first; SGLang's only when vLLM's is absent
     engine = "vllm" if "vllm" in engines else ("sglang" if engines else None)
-    return ServerSnapshot(t=t, engine=engine, values=values, parts=parts, created=created)
+    return ServerSnapshot(
+        t=t, engine=engine, values=values, parts=parts, created=created, refused=refused
+    )
+
+
+def _a_count(value: float) -> bool:
+    """A counter's or a gauge's value that is a figure: finite and not negative."""
+    return math.isfinite(value) and value >= 0
+
+
+def _words(value: float) -> str:
+    if math.isnan(value):
+        return "is NaN"
+    if math.isinf(value):
+        return "is infinite" if value > 0 else "is −infinite"
+    return f"is {value:g}".replace("-", "−")
 
 
 def combine(snapshots: Sequence[ServerSnapshot]) -> ServerSnapshot:
@@ -373,6 +411,10 @@ def combine(snapshots: Sequence[ServerSnapshot]) -> ServerSnapshot:
         if any(k in s.created for s in snapshots)
     }
     engines = {s.engine for s in snapshots if s.engine is not None}
+    refused: dict[str, str] = {}
+    for snap in snapshots:
+        for key, words in snap.refused.items():
+            refused.setdefault(key, words)
     return ServerSnapshot(
         t=sum(s.t for s in snapshots) / len(snapshots),
         engine=sorted(engines)[0] if engines else None,
@@ -380,6 +422,7 @@ def combine(snapshots: Sequence[ServerSnapshot]) -> ServerSnapshot:
         parts=parts,
         created=created,
         replicas=sum(s.replicas for s in snapshots),
+        refused=refused,
     )
 
 
@@ -389,7 +432,7 @@ def _delta(
     """A counter's rise over the window; None when absent at either end or when it went
     back (its ``_created`` changed, or it fell): ``key`` is then added to ``reset``."""
     a, b = open_.total(key, part), close.total(key, part)
-    if a is None or b is None:
+    if a is None or b is None or key in reset:
         return None
     ca, cb = open_.created.get(key), close.created.get(key)
     if b < a or (ca is not None and cb is not None and ca != cb):
@@ -419,13 +462,14 @@ def _gauge_path(
 
 
 def _int(x: float | None) -> int | None:
-    return None if x is None else round(x)
+    return None if x is None or not math.isfinite(x) else round(x)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or b <= 0:
         return None
-    return a / b
+    ratio = a / b
+    return ratio if math.isfinite(ratio) else None
 
 
 def window_figures(
@@ -433,10 +477,16 @@ def window_figures(
 ) -> ServerFigures:
     """The server's figures over the window from its ``open_`` and ``close`` snapshots (every
     series) and the ``polls`` read between (gauges; any series they carry is ignored but
-    gauges). Absent series give None and are listed in ``missing``; a counter that went back
+    gauges, and the counters they carry, checked for a fall). Absent series give None and are
+    listed in ``missing``; so do series refused at any read (NaN, infinite, negative: not
+    exposed for the cell); a counter that went back (at the close, or between two reads)
     gives None and is listed in ``reset``."""
+    refused = {k for snap in (open_, *polls, close) for k in snap.refused}
+    if refused:
+        open_, close = _without(open_, refused), _without(close, refused)
+        polls = [_without(p, refused) for p in polls]
     duration = close.t - open_.t
-    reset: set[str] = set()
+    reset: set[str] = set(fell_between(open_, polls, close))
 
     def delta(key: str, part: str = "") -> float | None:
         return _delta(key, part, open_, close, reset)
@@ -567,3 +617,84 @@ def _with_reasons(
         elif not all(_exposed(s, open_, close) for s in sources):
             missing.append(name)
     return dataclasses.replace(figures, missing=tuple(missing), reset=tuple(went_back))
+
+
+def _without(snap: ServerSnapshot, keys: set[str]) -> ServerSnapshot:
+    """``snap`` without the series ``keys`` (refused at some read of the cell)."""
+    if not keys & set(snap.values):
+        return snap
+    return dataclasses.replace(
+        snap,
+        values={k: v for k, v in snap.values.items() if k not in keys},
+        parts={k: v for k, v in snap.parts.items() if k not in keys},
+        created={k: v for k, v in snap.created.items() if k not in keys},
+    )
+
+
+def _counters(snap: ServerSnapshot) -> Iterable[tuple[str, str, float]]:
+    for key, parts in snap.values.items():
+        if _BY_KEY[key].kind != "gauge":
+            for part, value in parts.items():
+                yield key, part, value
+
+
+def fell_between(
+    open_: ServerSnapshot, polls: Sequence[ServerSnapshot], close: ServerSnapshot
+) -> dict[str, str]:
+    """The counters (and histograms) that went back between two of the window's reads, in
+    time order (a poll carries the referee's counters): key → what was seen, in words
+    (``vllm:generation_tokens_total fell from 1,200 to 40``); its ``_created`` changed too."""
+    reads = sorted([open_, *polls, close], key=lambda s: s.t)
+    found: dict[str, str] = {}
+    last: dict[tuple[str, str], float] = {}
+    stamp: dict[str, float] = {}
+    for snap in reads:
+        for key, part, value in _counters(snap):
+            before = last.get((key, part))
+            if before is not None and value < before and key not in found:
+                found[key] = (
+                    f"{_name(key, snap.engine, part)} fell from {before:,.0f} to {value:,.0f}"
+                )
+            last[key, part] = value
+        for key, made in snap.created.items():
+            if key in stamp and made != stamp[key] and key not in found:
+                found[key] = f"{_name(key, snap.engine)} was created again (a restart)"
+            stamp[key] = made
+    return found
+
+
+def _name(key: str, engine: str | None, part: str = "") -> str:
+    """A series' sample name as the server writes it."""
+    series = _BY_KEY[key]
+    family = (series.sglang if engine == "sglang" else series.vllm) or series.vllm or series.sglang
+    if series.kind == "counter":
+        return f"{family}_total"
+    if series.kind == "histogram":
+        return f"{family}_{part or 'count'}"
+    return str(family)
+
+
+def went_back(
+    open_: ServerSnapshot, polls: Sequence[ServerSnapshot], close: ServerSnapshot
+) -> str | None:
+    """In words, the counters that went back inside the window, or None."""
+    found = fell_between(open_, polls, close)
+    return "; ".join(found.values()) if found else None
+
+
+def refused_note(reads: Iterable[ServerSnapshot]) -> str | None:
+    """In words, the series refused at any read of a cell (NaN, infinite, negative), or None."""
+    seen: dict[str, str] = {}
+    for snap in reads:
+        for key, words in snap.refused.items():
+            seen.setdefault(key, words)
+    return "; ".join(seen.values()) if seen else None
+
+
+def invalidated(figures: ServerFigures) -> ServerFigures:
+    """A cell's server figures when a counter went back inside its window (the server
+    restarted, or its counters are not to be trusted): every figure None, ``reset`` naming
+    those whose counters went back, ``missing`` as it was."""
+    keep = {"duration_s", "missing", "reset"}
+    cleared = {f.name: None for f in dataclasses.fields(figures) if f.name not in keep}
+    return dataclasses.replace(figures, **cleared)  # type: ignore[arg-type]

@@ -18,6 +18,12 @@ from dataclasses import dataclass
 
 from ..core.heartbeat import CLIENT_PREFIX
 from ..core.intervals import LITTLE_TOLERANCE, counter_gap, drift_noted
+from ..core.server_figures import (
+    BUSY_PREFIX,
+    REFUSED_PREFIX,
+    UNPARSED_PREFIX,
+    WENT_BACK_PREFIX,
+)
 from ..results import CellRecord, Phase
 
 #: token accountings that are estimates: the counter's disagreement fails such a cell
@@ -70,9 +76,29 @@ CLIENT_BEHIND = NoteKind(
     "server this fast: --llm-client-processes=auto; or this machine's other work)",
     "client behind",
 )
+SERVER_BUSY = NoteKind(
+    "the server was busy at the window's start (requests running or waiting after a wait of "
+    "at most 10 s): the cell ran; its figures are the client's, and the queue and counter "
+    "notes say whether another load shows in them",
+    "server busy",
+)
+METRICS_UNPARSED = NoteKind(
+    "/metrics did not parse: no server figures from that read", "/metrics did not parse"
+)
+SERVER_VALUES = NoteKind(
+    "server values that are not figures (NaN, infinite or negative): those series are taken "
+    "as not exposed in the cell",
+    "server values refused",
+)
+SERVER_WENT_BACK = NoteKind(
+    "the server's counters went back inside the window (it restarted, or its counters are not "
+    "to be trusted): the cell's server figures are not kept",
+    "server figures not kept",
+)
 #: the order kinds are said in
 KINDS = (
     CLIENT_BEHIND,
+    SERVER_BUSY,
     QUEUED,
     CHUNK_COUNT,
     TOKENS_ESTIMATED,
@@ -83,7 +109,23 @@ KINDS = (
     DRIFT,
     IN_FLIGHT,
     COUNTER_LAG,
+    METRICS_UNPARSED,
+    SERVER_VALUES,
+    SERVER_WENT_BACK,
 )
+#: kinds read from a cell's own notes: (kind, the note's beginning, where its detail ends)
+_FROM_NOTES = (
+    (METRICS_UNPARSED, UNPARSED_PREFIX, None),
+    (SERVER_VALUES, REFUSED_PREFIX, " (taken as"),
+    (SERVER_WENT_BACK, WENT_BACK_PREFIX, " (the server restarted"),
+)
+#: kinds a cell's own row only names (its notes, shown beside, say the rest)
+_NAMED = (SERVER_BUSY, METRICS_UNPARSED, SERVER_VALUES, SERVER_WENT_BACK)
+
+
+def _detail(note: str, prefix: str, end: str | None) -> str:
+    detail = note.removeprefix(prefix)
+    return detail.split(end, 1)[0] if end else detail
 
 
 @dataclass(frozen=True)
@@ -101,6 +143,8 @@ def cell_notes(c: CellRecord) -> list[CellNote]:
         for n in c.notes
         if n.startswith(CLIENT_PREFIX)
     ]
+    notes += [CellNote(SERVER_BUSY, _detail(n, BUSY_PREFIX, None)) for n in c.notes
+              if n.startswith(BUSY_PREFIX)]  # fmt: skip
     if c.queued:
         notes.append(CellNote(QUEUED, f"{c.effective_concurrency} < {c.concurrency}"))
     if c.tokens == "chunk-count":
@@ -147,13 +191,15 @@ def cell_notes(c: CellRecord) -> list[CellNote]:
     refuted = (c.reason or "").startswith("the server's generation counter")  # failed for it
     if gap is not None and not refuted and c.tokens not in ESTIMATED:
         notes.append(CellNote(COUNTER_LAG, f"{gap:+.1%}".replace("-", "−")))
+    for kind, prefix, end in _FROM_NOTES:
+        notes += [CellNote(kind, _detail(n, prefix, end)) for n in c.notes if n.startswith(prefix)]
     return notes
 
 
 def cell_flags(c: CellRecord) -> list[str]:
     """A cell's notes in short, for its own row: ``queued: 11.2 < 16``, ``drift: fell 2.3%``.
     An estimate of tokens is only named (the cell's notes say how it was made)."""
-    named = (TOKENS_ESTIMATED, CHUNK_COUNT)
+    named = (TOKENS_ESTIMATED, CHUNK_COUNT, *_NAMED)
     return [
         n.kind.short if n.kind in named else f"{n.kind.short}: {n.detail}" for n in cell_notes(c)
     ]
