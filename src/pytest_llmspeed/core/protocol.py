@@ -33,12 +33,19 @@ from .client import (
 )
 from .errors import LLMSpeedError, RequestRejected, WrongPromptLength
 from .heartbeat import Heartbeat, LoopLag
-from .intervals import batch_means, counter_gap, trend
+from .intervals import (
+    COUNTER_SLACK_PER_STREAM,
+    COUNTER_TOLERANCE,
+    batch_means,
+    counter_gap,
+    trend,
+)
 from .probe import (
     SNAPSHOT_FAMILIES,
     MetricsSnapshot,
     metrics_text,
     parse_metrics,
+    parse_problem,
     read_metrics,
     snapshot,
 )
@@ -46,11 +53,18 @@ from .prompts import PromptFactory
 from .replicas import ReplicaSet, sum_snapshots
 from .server_figures import (
     ALL_FAMILIES,
+    BUSY_PREFIX,
     GAUGE_FAMILIES,
+    REFUSED_PREFIX,
+    UNPARSED_PREFIX,
+    WENT_BACK_PREFIX,
     ServerFigures,
     ServerSnapshot,
     combine,
+    invalidated,
+    refused_note,
     snapshot_from_samples,
+    went_back,
     window_figures,
 )
 from .stats import (
@@ -79,6 +93,8 @@ POLL_FAMILIES = SNAPSHOT_FAMILIES | GAUGE_FAMILIES
 #: while the server's request histograms do not yet count it: vLLM records a request's stats
 #: just after it hands its last output to the API server
 PREFILL_AFTER_READS = 20
+#: the longest wait for an idle server before a decode window (bounded by the timeout too)
+IDLE_WAIT_S = 10.0
 
 
 async def negotiate(conn: Connection, factory: PromptFactory, model: str, api: str) -> Dialect:
@@ -412,10 +428,11 @@ async def run_decode(
     records = streams.records
     loop = asyncio.get_running_loop()
 
+    busy: str | None = None
     if watch_metrics:
         # Requests the previous cell cancelled may still run on the server (an engine notices a
         # closed stream late): start when it is idle, so they neither slow nor count in this cell.
-        await _wait_idle(conn, min(conn.timeout, 30.0))
+        busy = await _wait_idle(conn, min(conn.timeout, IDLE_WAIT_S))
     if used == 1:
         await conn.warm_pool(n)  # (each client process warms its own)
     before = await _metrics(conn) if watch_metrics else None
@@ -469,6 +486,8 @@ async def run_decode(
         beat.cancel()
         await asyncio.gather(beat, return_exceptions=True)
         await streams.close()
+    # a stream task that ended in an exception at the close is the cell's reason too
+    aborted = aborted or streams.aborted
     await tokenize_cut(records, factory.tokenizer, max_output)  # after the cell
     # the window's /metrics texts, parsed now that the streams are closed: each once, for the
     # referee and the queue (MetricsSnapshot) and the server's figures (ServerSnapshot) alike
@@ -521,6 +540,12 @@ async def run_decode(
         client_lag=max(lags, key=lambda lag: (lag.late_s, lag.max_ms)) if lags else None,
         client_cpu=sum(x.cpu_share or 0.0 for x in lags) if lags else None,
         client_processes=used,
+        notes=(
+            *result.notes,
+            *_window_notes(
+                busy, (read_open, polls, read_close), (server_open, server_polls, server_close)
+            ),
+        ),
     )
 
 
@@ -723,7 +748,9 @@ def _window_figures(
     server exposes none of the figures' series."""
     if open_ is None or close is None or (open_.engine is None and close.engine is None):
         return None
-    return window_figures(open_, close, polls)
+    figures = window_figures(open_, close, polls)
+    # a counter that went back inside the window: none of the cell's server figures is kept
+    return invalidated(figures) if figures.reset else figures
 
 
 def _received_between(records: list[StreamRecord], t0: float, t1: float) -> int:
@@ -736,17 +763,80 @@ def _received_between(records: list[StreamRecord], t0: float, t1: float) -> int:
     return total
 
 
-async def _wait_idle(conn: Connection | ReplicaSet, timeout: float) -> bool:
-    """Poll /metrics until no request runs or waits (bounded); False if it never got idle."""
-    deadline = time.perf_counter() + timeout
-    while time.perf_counter() < deadline:
-        snap = await _metrics(conn)
+async def _wait_idle(conn: Connection | ReplicaSet, timeout: float) -> str | None:
+    """Poll /metrics until no request runs or waits, ``timeout`` seconds at most in all (each
+    read bounded by what is left of it). None when the server got idle or cannot say (no
+    /metrics, no running gauge, gauges that are NaN or negative: unknown, not busy, or no
+    answer in time); else the cell's note, ``server busy at the window's start: R running, W
+    waiting after waiting S s`` (the cell runs: docs/metrics.md, "A busy server")."""
+    start = time.perf_counter()
+    deadline = start + timeout
+    last: MetricsSnapshot | None = None
+    while (left := deadline - time.perf_counter()) > 0:
+        try:
+            snap = await asyncio.wait_for(_metrics(conn), left)
+        except TimeoutError:
+            break
         if snap is None or snap.running is None:
-            return True
+            return None
         if not snap.running and not snap.waiting:
-            return True
-        await asyncio.sleep(0.1)
-    return False
+            return None
+        last = snap
+        await asyncio.sleep(min(0.1, max(deadline - time.perf_counter(), 0.0)))
+    if last is None:
+        return None
+    waiting = "?" if last.waiting is None else f"{last.waiting:g}"
+    return (
+        f"{BUSY_PREFIX}{last.running:g} running, {waiting} waiting after waiting "
+        f"{time.perf_counter() - start:.1f} s"
+    )
+
+
+def _window_notes(
+    busy: str | None,
+    reads: tuple[MetricsRead | None, Sequence[MetricsRead], MetricsRead | None],
+    snapshots: tuple[ServerSnapshot | None, Sequence[ServerSnapshot], ServerSnapshot | None],
+) -> tuple[str, ...]:
+    """A decode cell's notes on its server's values: busy at the window's start, a /metrics
+    read that did not parse (the first, with its line), series refused (NaN, infinite,
+    negative) and counters that went back (the cell's server figures not kept). ``reads``
+    and ``snapshots``: the open's, the polls', the close's (a poll's snapshot only where it
+    parsed)."""
+    notes = [busy] if busy else []
+    read_open, polls, read_close = reads
+    open_, server_polls, close = snapshots
+    answered = [p for p in polls if None not in p.texts]
+    suspects = [r for r, snap in ((read_open, open_), (read_close, close)) if snap is None]
+    if len(server_polls) < len(answered):
+        suspects += answered
+    for read in suspects:
+        if read is None or None in read.texts:
+            continue
+        problem = next((_unparsed(t) for t in read.texts if t and _unparsed(t)), None)
+        if problem:
+            notes.append(UNPARSED_PREFIX + problem)
+            break
+    known = [s for s in (open_, *server_polls, close) if s is not None]
+    refused = refused_note(known)
+    if refused:
+        notes.append(f"{REFUSED_PREFIX}{refused} (taken as not exposed in this cell)")
+    if open_ is not None and close is not None:
+        back = went_back(open_, server_polls, close)
+        if back:
+            notes.append(
+                f"{WENT_BACK_PREFIX}{back} (the server restarted, or its counters are not "
+                "to be trusted)"
+            )
+    return tuple(notes)
+
+
+def _unparsed(text: str) -> str | None:
+    """Why a /metrics text does not parse (its first failing line), or None when it does."""
+    try:
+        parse_metrics(text, EDGE_FAMILIES)
+    except ValueError:
+        return parse_problem(text, EDGE_FAMILIES)
+    return None
 
 
 async def _metrics(conn: Connection | ReplicaSet) -> MetricsSnapshot | None:
@@ -957,12 +1047,27 @@ def counter_disagreement(result: DecodeResult) -> str | None:
     gap with tokens counted exactly and no other requests on the server is the server's own
     lag, not a fault of the figures: vLLM counts a token when its API server takes it from the
     engine, before the stream carries it, and a CPU-starved API server streams seconds behind
-    (+5 to +15 % at c1-c8 on vLLM's CPU build beside other work); the cell's notes say so."""
-    gap = counter_gap(result.generation_tokens_delta, result.received_span, result.concurrency)
-    if gap is None or result.received_span is None:
+    (+5 to +15 % at c1-c8 on vLLM's CPU build beside other work); the cell's notes say so.
+
+    A lag has a bound: the tokens the requests in flight could hold (N × max output). A gap
+    beyond it, a counter that fell over the window or went back between two of its reads (a
+    counter never falls; a server that restarted breaks the streams too) is not a lagging
+    server: the server's counter is not to be trusted, and the cell cannot be refereed."""
+    span = result.received_span
+    delta = result.generation_tokens_delta
+    back = result.server is not None and "generation_tokens" in result.server.reset
+    if span is not None and delta is not None and (delta < 0 or back):
+        lo, hi = span
+        how = f"fell by {-delta:,.0f} tokens" if delta < 0 else "went back inside the window"
+        return (
+            f"the server's generation counter {how} while {lo:,}–{hi:,} tokens were "
+            "received: a counter never falls, so the server's counter is not to be trusted "
+            "(the cell cannot be refereed)"
+        )
+    gap = counter_gap(delta, span, result.concurrency)
+    if gap is None or span is None or delta is None:
         return None
-    delta = result.generation_tokens_delta or 0.0
-    lo, hi = result.received_span
+    lo, hi = span
     figures = (
         f"the server's generation counter rose by {delta:,.0f} tokens over the window while "
         f"{lo:,}–{hi:,} were received ({gap:+.1%})"
@@ -979,6 +1084,15 @@ def counter_disagreement(result: DecodeResult) -> str | None:
         return (
             f"{figures}, and the server ran {others:g} requests at the median, "
             f"{result.concurrency} of them ours: likely another client sharing the server"
+        )
+    held = result.concurrency * result.max_output
+    # the bracket's own slack (counter_gap's) on top of what the requests could hold
+    slack = COUNTER_TOLERANCE * hi + COUNTER_SLACK_PER_STREAM * result.concurrency
+    if delta > hi + held + slack or delta < lo - held - slack:
+        return (
+            f"{figures}: more than the {result.concurrency} requests in flight could hold "
+            f"({result.concurrency} × {result.max_output:,} = {held:,} tokens), not a lagging "
+            "server: the server's counter is not to be trusted"
         )
     return None
 

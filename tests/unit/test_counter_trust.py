@@ -1,0 +1,140 @@
+"""The generation counter as a referee, and the cell's notes on its server's values (issue 29,
+docs/trust.md "Values that make sense"): a counter gap the requests in flight cannot hold, or
+a counter that goes back, is not to be trusted (the cell fails), never a lagging server; a
+counter that went back invalidates every server figure of the cell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_llmspeed.core.protocol import (
+    DecodeResult,
+    MetricsRead,
+    _window_figures,
+    _window_notes,
+    counter_disagreement,
+)
+from pytest_llmspeed.core.server_figures import snapshot as server_snapshot
+from pytest_llmspeed.core.stats import DecodeStats
+from pytest_llmspeed.core.status import cell_status
+from pytest_llmspeed.report.notes import COUNTER_LAG, note_lines
+from pytest_llmspeed.results import Status
+
+from .test_server_values import metrics, record
+
+DATA = Path(__file__).parent.parent / "data" / "metrics"
+
+
+def read(text: str, t: float) -> MetricsRead:
+    return MetricsRead(t, t + 0.01, (text,))
+
+
+def test_the_cell_says_which_values_it_refused():
+    reads = [read(metrics("100"), 0.0), read(metrics("NaN", running="-3"), 0.5)]
+    close = read(metrics("200"), 1.0)
+    families = frozenset({"vllm:generation_tokens", "vllm:num_requests_running"})
+    snaps = [snap for r in (*reads, close) if (snap := r.parse(families)[1]) is not None]
+    assert len(snaps) == 3
+    notes = _window_notes(None, (reads[0], [reads[1]], close), (snaps[0], [snaps[1]], snaps[2]))
+    (note,) = notes
+    assert note.startswith("server values that are not figures: ")
+    assert "vllm:generation_tokens_total is NaN" in note
+    assert "vllm:num_requests_running is −3" in note
+
+
+def test_a_counter_that_falls_between_polls_invalidates_the_cells_server_figures():
+    # open 100, a poll at 50 (the server restarted, or a flapping counter), close 300
+    open_, poll, close = (
+        server_snapshot(metrics(v), t) for t, v in ((0, "100"), (0.5, "50"), (1, "300"))
+    )
+    got = _window_figures(open_, close, [poll])
+    assert got is not None
+    assert got.generation_tokens is None and got.running_mean is None  # nothing kept
+    assert "generation_tokens" in got.reset
+    notes = _window_notes(None, (None, [], None), (open_, [poll], close))
+    assert notes == (
+        "server figures not kept: vllm:generation_tokens_total fell from 100 to 50 (the server "
+        "restarted, or its counters are not to be trusted)",
+    )
+
+
+def test_a_counter_that_went_back_at_the_close_is_said_too():
+    before, after = (
+        (DATA / "vllm-0.32-cpu-before.txt").read_text(),
+        (DATA / "vllm-0.32-cpu-after.txt").read_text(),
+    )
+    open_, close = server_snapshot(after, 0.0), server_snapshot(before, 1.0)
+    got = _window_figures(open_, close, [])
+    assert got is not None and got.reset and got.steps is None and got.running_max is None
+    (note,) = _window_notes(None, (None, [], None), (open_, [], close))
+    assert note.startswith("server figures not kept: ") and " fell from " in note
+
+
+def test_metrics_that_do_not_parse_in_a_cell_say_the_line_once():
+    bad = read(
+        '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{a="x\ny"} 1\n', 0.5
+    )
+    good = read(metrics(), 0.0)
+    snap = good.parse(frozenset({"vllm:num_requests_running"}))[1]
+    notes = _window_notes(None, (good, [bad, bad], good), (snap, [], snap))
+    assert notes == ('/metrics did not parse: line 2: "vllm:num_requests_running{a=\\"x"',)
+
+
+def decode(**kw: object) -> DecodeResult:
+    stats = DecodeStats(
+        output_tokens=1000, total_tok_s=100.0, per_request_tok_s=50.0, ttft_ms=20.0,
+        ttft_p90_ms=25.0, ttft_p99_ms=30.0, tbt_ms=10.0, tbt_p90_ms=11.0, tbt_p99_ms=12.0,
+        avg_active=2.0, completed=20, measured_s=10.0, requests=20, errors=0,
+    )  # fmt: skip
+    fields: dict[str, object] = dict(
+        context=1024, concurrency=2, duration_s=10.0, max_output=64, stats=stats,
+        token_accounting="usage", early_stops=0, errors={}, received_tokens=1000,
+        generation_tokens_delta=None, max_waiting=None, mean_running=None, queued=False,
+        received_span=(990, 1000), median_in_server=2.0,
+    )  # fmt: skip
+    return DecodeResult(**{**fields, **kw})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("delta", [10_000.0, 1_500.0, 100.0])
+def test_a_counter_gap_the_requests_in_flight_cannot_hold_is_not_a_lagging_server(delta):
+    # 2 requests of at most 64 tokens: at most 128 tokens generated and not yet streamed
+    result = decode(generation_tokens_delta=delta)
+    reason = counter_disagreement(result)
+    assert reason is not None
+    assert "2 × 64 = 128 tokens" in reason and "not to be trusted" in reason
+    assert "lagging API server" not in reason
+    assert cell_status(result).status is Status.FAILED
+
+
+def test_a_lag_within_what_the_requests_can_hold_stays_a_lag():
+    assert counter_disagreement(decode(generation_tokens_delta=1150.0)) is None
+
+
+@pytest.mark.parametrize(
+    ("kw", "words"),
+    [
+        ({"generation_tokens_delta": -500.0}, "fell by 500 tokens"),
+        ({"generation_tokens_delta": 1000.0, "server": "reset"}, "went back inside the window"),
+    ],
+)
+def test_a_generation_counter_that_goes_back_is_not_to_be_trusted(kw, words):
+    if kw.get("server") == "reset":
+        open_, poll, close = (
+            server_snapshot(metrics(v), t) for t, v in ((0, "100"), (0.5, "5000"), (1, "1100"))
+        )
+        kw = {**kw, "server": _window_figures(open_, close, [poll])}
+    result = decode(**kw)
+    reason = counter_disagreement(result)
+    assert reason is not None and words in reason and "not to be trusted" in reason
+    assert cell_status(result).status is Status.FAILED
+
+
+def test_a_counter_not_to_be_trusted_is_no_counter_lag_note():
+    reason = counter_disagreement(decode(generation_tokens_delta=10_000.0))
+    cell = record(
+        status=Status.FAILED, reason=reason, generation_tokens_delta=10_000.0,
+        received_span=(990, 1000), tokens="usage",
+    )  # fmt: skip
+    assert not any(COUNTER_LAG.heading in line for line in note_lines([cell]))
