@@ -7,16 +7,21 @@ See ``docs/simulator.md``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 from .faults import parse_faults
 from .profiles import PROFILES, get_profile
+
+if TYPE_CHECKING:
+    import subprocess
 
 DEFAULT_PROFILE = "tiny"
 #: simulated replicas at most (each one a process)
@@ -317,9 +322,9 @@ def running_simulator_process(
     simulator and the client share one GIL, and at high token rates that shared core, not the
     simulated engine, sets the pace (measured: the reference matrix at 10x tops out near 10K
     tok/s on a busy 2-core machine in-process, against 31K in the profile)."""
+    import collections
     import os
     import subprocess
-    import threading
 
     opts = options or SimOptions()
     # --exit-with-stdin: the child stops when this process's end of its stdin closes, which
@@ -335,32 +340,62 @@ def running_simulator_process(
         text=True,
         env=env,
     )
-    lines: list[str] = []
-    stdout = proc.stdout
-    assert stdout is not None  # stdout=PIPE
-    reader = threading.Thread(target=lambda: lines.append(stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(start_timeout)
-    url = None
-    if lines and "http://" in lines[0]:
-        url = lines[0].split("http://", 1)[1].split()[0]
+    stdout, stderr = proc.stdout, proc.stderr
+    assert stdout is not None and stderr is not None  # stdout=PIPE, stderr=PIPE
+    # both pipes read to their end in threads of their own, so that a chatty child never
+    # blocks on a full pipe; stderr's last lines are kept for a start that fails
+    err_tail: collections.deque[str] = collections.deque(maxlen=50)
+    first: list[str] = []
+
+    def read_out() -> None:
+        first.append(stdout.readline())
+        for _ in stdout:
+            pass
+
+    readers = [
+        threading.Thread(target=read_out, daemon=True, name="llmspeed-sim stdout"),
+        threading.Thread(
+            target=err_tail.extend, args=(stderr,), daemon=True, name="llmspeed-sim stderr"
+        ),
+    ]
+    for reader in readers:
+        reader.start()
     try:
+        deadline = time.monotonic() + start_timeout
+        while not first and proc.poll() is None and time.monotonic() < deadline:
+            readers[0].join(0.05)
+        url = None
+        if first and "http://" in first[0]:
+            url = first[0].split("http://", 1)[1].split()[0]
         if url is None:
-            proc.kill()
-            err = proc.communicate(timeout=10)[1]
-            raise RuntimeError(f"llmspeed-sim failed to start: {(err or '').strip()[-500:]}")
-        threading.Thread(target=stdout.read, daemon=True).start()  # drain
+            _stop_child(proc)
+            readers[1].join(10)
+            err = "".join(err_tail).strip()[-500:]
+            raise RuntimeError(f"llmspeed-sim failed to start: {err}")
         yield "http://" + url
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-        if proc.stdin is not None:
-            proc.stdin.close()
+        _stop_child(proc)
+        # every pipe closed (-W error, -X dev: no ResourceWarning): the readers first reach
+        # the pipes' end, which the child's exit gives them
+        for reader in readers:
+            reader.join(10)
+        for pipe in (proc.stdin, stdout, stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+
+def _stop_child(proc: subprocess.Popen[str]) -> None:
+    """Stop the simulator's process (SIGTERM, then SIGKILL) and reap it."""
+    import subprocess
+
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 @contextmanager
@@ -370,7 +405,6 @@ def running_simulator_processes(
     """``options.replicas`` simulators, each in its own process with its own engine (replica
     i draws its randomness from ``seed + i``, and its start factor from ``start_seed + i`` when
     given: each replica is a start of its own); yield their base URLs."""
-    import contextlib
     import dataclasses
 
     opts = options or SimOptions()

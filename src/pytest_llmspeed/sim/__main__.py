@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import signal
 import sys
 import threading
@@ -157,9 +159,14 @@ async def serve(options: SimOptions, exit_with_stdin: bool = False) -> None:
     if exit_with_stdin:
 
         def watch() -> None:
-            while sys.stdin.buffer.read(4096):
+            # os.read, not sys.stdin's buffer: a daemon thread blocked in a buffered read
+            # holds its lock, and an interpreter that exits meanwhile (a start that failed)
+            # aborts on it ("could not acquire lock for <stdin> at interpreter shutdown")
+            fd = sys.stdin.fileno()
+            while os.read(fd, 4096):
                 pass
-            loop.call_soon_threadsafe(stop.set)
+            with contextlib.suppress(RuntimeError):  # the loop closed already
+                loop.call_soon_threadsafe(stop.set)
 
         threading.Thread(target=watch, daemon=True).start()
     try:
