@@ -1,0 +1,438 @@
+"""Issue 29's "Done when", case by case: the plugin run as a user runs it against a server that
+misbehaves in one way (``python -m pytest_llmspeed.sim.hostile --case NAME``, docs/simulator.md),
+with every output asked for (terminal with ``--tb=long -l``, JUnit, results, page, Markdown job
+summary).
+
+Every run (:func:`conftest.check_common`): it ends within its bound (the timeouts plus 10 s),
+its peak RSS stays under 200 MB, no INTERNALERROR, and no output holds the key (or 8 of its
+characters in a row), an ESC byte or a line beginning ``::``. Then what its case must do
+(``EXPECT``): a malformed stream is never a valid figure; a run that cannot go on exits
+non-zero with one line naming the route and what was wrong; a value that makes no sense is
+refused or taken as unknown with a note; a redirect is not followed.
+
+Stream cases run twice: misbehaving from the first request (the run's first small request,
+before any cell) and from the 4th (the first two, the dialect's request and prefill[1K]'s,
+behave: every decode cell then has malformed streams in it).
+
+``good`` is the positive control: a well-behaved server gives valid cells, and the searches
+find the key, an ESC and a ``::`` line in what the injection cases really send.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import pytest
+
+from pytest_llmspeed.sim.hostile import CASES, INJECTED, MARKDOWN
+
+from .conftest import KEY, Outcome, Spec, check_common, json_strings, leaks, start_server
+
+pytestmark = pytest.mark.slow
+
+MID = ("--from-request", "4")  # the dialect's request and prefill[1K]'s behave
+
+#: every run of the battery, by id
+RUNS: dict[str, Spec] = {"good": Spec("good")}
+#: stream shapes, and the words one of which the line saying what was wrong holds
+SHAPES: dict[str, tuple[str, ...]] = {
+    "tokens_string": ("completion_tokens",),
+    "tokens_float": ("completion_tokens",),
+    "tokens_huge": ("completion_tokens",),
+    "tokens_falling": ("completion_tokens",),
+    "usage_list": ("usage",),
+    "choices_object": ("choices",),
+    "delta_string": ("delta",),
+    "not_json": ("json",),
+    "sse_long_line": ("mib", "long", "large", "line"),
+}
+for _case in SHAPES:
+    RUNS[f"{_case}-first"] = Spec(_case)
+    RUNS[f"{_case}-mid"] = Spec(_case, MID)
+RUNS["sse_long_line-first"] = Spec("sse_long_line", ("--size", str(50 << 20)))
+RUNS["sse_long_line-mid"] = Spec("sse_long_line", ("--size", str(50 << 20), *MID))
+RUNS |= {
+    # time
+    "ping_forever": Spec("ping_forever", ("--interval", "1")),
+    "token_trickle": Spec("token_trickle", ("--interval", "1")),
+    "done_keep_open": Spec("done_keep_open"),
+    "models_trickle": Spec("models_trickle", ("--interval", "1")),
+    "metrics_slow": Spec("metrics_slow", ("--delay", "25")),
+    "gauges_busy": Spec("gauges_busy"),
+    # size
+    "models_huge": Spec("models_huge", ("--size", str(100 << 20))),
+    "metrics_huge": Spec("metrics_huge", ("--size", str(24 << 20))),
+    "header_huge": Spec("header_huge"),
+    "model_id_huge": Spec("model_id_huge"),
+    # values
+    "mml_huge": Spec("mml_huge", plugin_args=("--llm-contexts=1K,max",)),
+    "mml_negative": Spec("mml_negative"),
+    "mml_bool": Spec("mml_bool"),
+    "models_data_int": Spec("models_data_int"),
+    "kv_string_zero": Spec("kv_string_zero"),
+    "gen_counter_nan": Spec("gen_counter_nan"),
+    "gen_counter_inf": Spec("gen_counter_inf"),
+    "gauges_negative": Spec("gauges_negative"),
+    "counter_restart": Spec("counter_restart", ("--from-request", "2")),
+    "counter_10x": Spec("counter_10x"),
+    "metrics_garbage": Spec("metrics_garbage"),
+    "metrics_label_newline": Spec("metrics_label_newline"),
+    # secrets
+    "key_in_stream_error": Spec("key_in_stream_error", ("--from-request", "2")),
+    "key_in_error_body": Spec("key_in_error_body", ("--from-request", "2")),
+    "key_across_cut-first": Spec("key_across_cut"),
+    "key_across_cut-mid": Spec("key_across_cut", ("--from-request", "2")),
+    "serve_fails": Spec("serve_fails", serve=True),
+    # output injection
+    "esc_in_model_id": Spec("esc_in_model_id"),
+    "esc_in_version": Spec("esc_in_version"),
+    "esc_in_error_body-first": Spec("esc_in_error_body"),
+    "esc_in_error_body-mid": Spec("esc_in_error_body", ("--from-request", "2")),
+    "esc_in_stream_error": Spec("esc_in_stream_error", ("--from-request", "2")),
+    "markdown_in_model_id": Spec("markdown_in_model_id"),
+    # redirects
+    "redirect_other_port": Spec("redirect_other_port"),
+    "redirect_loop": Spec("redirect_loop"),
+}
+
+Check = Callable[[Outcome], list[str]]
+
+
+# -- what a case must do ---------------------------------------------------------------------
+
+
+def valid_cells(out: Outcome, phase: str | None = None) -> list[str]:
+    return [
+        cid
+        for cid, c in out.cells.items()
+        if c.get("status") == "valid" and (phase is None or c.get("phase") == phase)
+    ]
+
+
+def stops_with(route: str, *what: str) -> Check:
+    """The run cannot go on: it exits non-zero with one line naming the route and what was
+    wrong."""
+
+    def check(out: Outcome) -> list[str]:
+        problems = []
+        if out.exit == 0:
+            problems.append("exit status 0: the run went on as if nothing was wrong")
+        if out.line_with(route, any_of=what) is None:
+            problems.append(f"no line names {route} and one of {what}")
+        return problems
+
+    return check
+
+
+def named(route: str, *what: str) -> Check:
+    """One line names the route and what was wrong (the run may go on)."""
+
+    def check(out: Outcome) -> list[str]:
+        if out.line_with(route, any_of=what) is None:
+            return [f"no line names {route} and one of {what}"]
+        return []
+
+    return check
+
+
+def malformed(first: bool, what: tuple[str, ...]) -> Check:
+    """No figure from a malformed stream is valid: every stream misbehaves from the first (the
+    run stops, or no cell is valid), or from the 4th (no decode cell valid); and a line names
+    the route and what was wrong."""
+
+    def check(out: Outcome) -> list[str]:
+        problems = []
+        bad = valid_cells(out) if first else valid_cells(out, "decode")
+        if bad:
+            shown = {
+                c: out.cells[c].get("total_tok_s") or out.cells[c].get("prompt_tok_s") for c in bad
+            }
+            problems.append(f"cells with malformed streams reported valid: {shown}")
+        if first and out.exit == 0:
+            problems.append("exit status 0 though every stream was malformed")
+        if out.line_with("/v1/completions", any_of=what) is None:
+            problems.append(f"no line names /v1/completions and one of {what}")
+        return problems
+
+    return check
+
+
+def goes_on(out: Outcome) -> list[str]:
+    """The run can go on without what the server got wrong: some cell is measured."""
+    if not valid_cells(out):
+        return [f"no valid cell (exit {out.exit}): the run did not go on without the value"]
+    return []
+
+
+def no_words(*words: str, unless: str = "") -> Check:
+    """The terminal never says any of ``words`` (but as part of ``unless``: "not a lagging
+    server" is the right thing to say)."""
+
+    def check(out: Outcome) -> list[str]:
+        text = out.terminal.lower()
+        if unless:
+            text = text.replace(unless.lower(), "")
+        found = [w for w in words if w.lower() in text]
+        return [f"the terminal says {found}"] if found else []
+
+    return check
+
+
+def all_of(*checks: Check) -> Check:
+    def check(out: Outcome) -> list[str]:
+        return [p for c in checks for p in c(out)]
+
+    return check
+
+
+def good(out: Outcome) -> list[str]:
+    problems = []
+    if out.exit != 0:
+        problems.append(f"exit status {out.exit}")
+    statuses = {cid: c.get("status") for cid, c in out.cells.items()}
+    if sorted(statuses) != ["decode[1K-c1]", "decode[1K-c2]", "prefill[1K]"] or set(
+        statuses.values()
+    ) != {"valid"}:
+        problems.append(f"cells {statuses}")
+    for name in ("junit", "results", "page", "summary"):
+        if not out.files.get(name):
+            problems.append(f"no {name} output")
+    if out.stats.get("misbehaved") != 0 or not out.stats.get("streams"):
+        problems.append(f"server stats {out.stats}")
+    return problems
+
+
+def no_negative(*fields: str) -> Check:
+    def check(out: Outcome) -> list[str]:
+        problems = []
+        for cid, c in out.cells.items():
+            server = c.get("server")
+            server = server if isinstance(server, dict) else {}
+            for f in fields:
+                v = c.get(f, server.get(f))
+                if isinstance(v, int | float) and v < 0:
+                    problems.append(f"{cid}: {f} {v} (negative, from the server's gauges)")
+        return problems
+
+    return check
+
+
+def not_skipped(out: Outcome) -> list[str]:
+    skipped = {
+        cid: c.get("status")
+        for cid, c in out.cells.items()
+        if c.get("status") in ("over capacity", "exceeds max_model_len", "skipped")
+    }
+    return [f"cells not run for a value the server got wrong: {skipped}"] if skipped else []
+
+
+def no_absurd_context(out: Outcome) -> list[str]:
+    big = {cid: c.get("context_tokens") for cid, c in out.cells.items()}
+    big = {k: v for k, v in big.items() if isinstance(v, int | float) and v > 2**31}
+    return [f"cells of absurd contexts: {big}"] if big else []
+
+
+def redirect(out: Outcome) -> list[str]:
+    problems = stops_with("", "redirect", "307")(out)
+    port = out.stats.get("redirect_port")
+    if out.spec.case == "redirect_other_port":
+        if out.stats.get("other_port"):
+            problems.append(
+                f"the redirect was followed: {out.stats['other_port']} requests went to port {port}"
+            )
+        if port and out.line_with(str(port), any_of=("redirect", "307")) is None:
+            problems.append(f"no line names where the redirect pointed (port {port})")
+    return problems
+
+
+def markdown_escaped(out: Outcome) -> list[str]:
+    problems = []
+    summary = out.files.get("summary", "")
+    for raw in ("<img", "<script", "](javascript:", "| a | b |"):
+        if raw in summary:
+            problems.append(f"the Markdown summary holds {raw!r} unescaped")
+    page = out.files.get("page", "")
+    for raw in ("<img src=x", "<script>alert(2)"):
+        if raw in page:
+            problems.append(f"the page holds {raw!r} unescaped")
+    return problems
+
+
+def bounded_strings(out: Outcome) -> list[str]:
+    """A 1 MB model id is not copied whole into the outputs."""
+    problems = []
+    for name, text in [("terminal", out.terminal), *out.files.items()]:
+        if "m" * 2000 in text:
+            problems.append(f"{name} holds 2,000+ characters of the 1 MB model id")
+    return problems
+
+
+EXPECT: dict[str, Check] = {
+    "good": good,
+    "ping_forever": stops_with("/v1/completions", "token", "timeout", "within"),
+    "token_trickle": stops_with("/v1/completions", "token", "timeout", "within"),
+    # [DONE] ends a stream: the figures are right, the cells valid
+    "done_keep_open": all_of(
+        goes_on,
+        lambda o: (
+            []
+            if len(valid_cells(o)) == 3
+            else [f"not every cell valid: { {c: v.get('status') for c, v in o.cells.items()} }"]
+        ),
+    ),
+    "models_trickle": stops_with("/v1/models", "timeout", "within", "answer", "time"),
+    # a slow /metrics: no server figures, with a note; not "cannot reach"
+    "metrics_slow": all_of(goes_on, no_words("cannot reach"), named("/metrics", "")),
+    "gauges_busy": named("", "busy"),
+    "models_huge": stops_with("/v1/models", "mib", "large", "size"),
+    "metrics_huge": named("/metrics", "mib", "large", "size"),
+    "header_huge": stops_with("/v1/models", "header"),
+    "model_id_huge": all_of(stops_with("/v1/models", "model"), bounded_strings),
+    "mml_huge": all_of(named("max_model_len", "1e+30", "1e30", "10000000000"), no_absurd_context),
+    "mml_negative": all_of(named("max_model_len", "-5", "−5"), goes_on, not_skipped),
+    "mml_bool": all_of(named("max_model_len", "true"), goes_on, not_skipped),
+    "models_data_int": stops_with("/v1/models", "data", "list", "openai"),
+    "kv_string_zero": all_of(
+        named("", "kv_cache_size_tokens", "kv capacity"), goes_on, not_skipped
+    ),
+    "gen_counter_nan": all_of(goes_on, named("", "generation_tokens", "nan")),
+    "gen_counter_inf": all_of(goes_on, named("", "generation_tokens", "inf")),
+    "gauges_negative": all_of(
+        no_negative(
+            "effective_concurrency",
+            "max_waiting",
+            "running_mean",
+            "running_max",
+            "waiting_mean",
+            "waiting_max",
+            "kv_usage_mean",
+            "kv_usage_max",
+        ),
+        named("", "negative", "num_requests_running"),
+    ),
+    "counter_restart": all_of(
+        no_negative("generation_tokens_delta", "generation_tokens"),
+        named("counter", "restart", "backwards", "fell", "falls", "reset"),
+    ),
+    "counter_10x": all_of(
+        no_words("lagging", "lags", unless="not a lagging"), named("counter", "trust")
+    ),
+    "metrics_garbage": named("/metrics", "parse"),
+    "metrics_label_newline": named("/metrics", "parse"),
+    "key_in_stream_error": lambda o: (
+        [f"valid: {valid_cells(o, 'decode')}"] if valid_cells(o, "decode") else []
+    ),
+    "key_in_error_body": stops_with("", "500"),
+    "key_across_cut": stops_with("", "500"),
+    "serve_fails": stops_with("", "serve", "start", "exit"),
+    "esc_in_model_id": stops_with("/v1/models", "model"),
+    "esc_in_version": lambda o: [],
+    "esc_in_error_body": lambda o: [],
+    "esc_in_stream_error": lambda o: [],
+    "markdown_in_model_id": markdown_escaped,
+    "redirect_other_port": redirect,
+    "redirect_loop": redirect,
+}
+
+
+def expectation(run_id: str) -> Check:
+    spec = RUNS[run_id]
+    if spec.case in SHAPES:
+        return malformed(
+            not spec.server_args or "--from-request" not in spec.server_args, SHAPES[spec.case]
+        )
+    return EXPECT[spec.case]
+
+
+def test_every_case_is_run() -> None:
+    assert {s.case for s in RUNS.values()} == set(CASES)
+    assert set(EXPECT) | set(SHAPES) == set(CASES)
+
+
+@pytest.mark.parametrize("run_id", list(RUNS))
+def test_hostile(run_id: str, battery: dict[str, Future[Outcome]]) -> None:
+    out = battery[run_id].result()
+    problems = check_common(out) + expectation(run_id)(out)
+    assert not problems, "\n".join(["", *problems, "", out.describe()])
+
+
+# -- positive controls: the searches find what the servers send -------------------------------
+
+
+def test_searches_find_what_they_look_for() -> None:
+    assert leaks("terminal", f"key {KEY} here")
+    assert leaks("terminal", f"cut {KEY[:11]}")  # 11 of its characters
+    assert not leaks("terminal", "key <redacted> here ::not at a line's start")
+    assert leaks("terminal", "a\x1b[2Jb")
+    assert leaks("junit", "a#x1B[2Jb")  # pytest writes an ESC so in XML
+    assert leaks("page", "a&#27;[2Jb")
+    assert leaks("results", '{"a": "x\\u001b[2J"}')  # decoded
+    assert leaks("page", 'data = {"a": "x\\u001b[2J"}')  # the page's data, read by a script
+    assert not leaks("terminal", "x\\u001b[2J")  # six characters of text, no ESC
+    assert leaks("summary", "ok\n::error title=x::y")
+    assert leaks("results", '{"a": "x\\n::error title=x::y"}')  # in a decoded string
+
+
+@pytest.mark.parametrize(
+    ("case", "args", "path", "body", "sent"),
+    [
+        ("esc_in_model_id", (), "/v1/models", None, INJECTED),
+        ("esc_in_version", (), "/version", None, INJECTED),
+        ("markdown_in_model_id", (), "/v1/models", None, MARKDOWN),
+        ("key_in_error_body", (), "/v1/completions", b'{"prompt": "a b", "max_tokens": 2}', KEY),
+        ("key_across_cut", (), "/v1/completions", b'{"prompt": "a b", "max_tokens": 2}', KEY),
+        ("esc_in_error_body", (), "/v1/completions", b'{"prompt": "a", "max_tokens": 2}', INJECTED),
+    ],
+)
+def test_servers_send_what_the_searches_find(case, args, path, body, sent) -> None:
+    """What the injection and key cases send holds what the searches look for (decoded, as
+    a person would read it), so that a clean output is the plugin's doing."""
+    server = start_server(case, *args)
+    try:
+        status, _, raw = server.raw(path, body)
+    finally:
+        server.stop()
+    assert status == (200 if path != "/v1/completions" else 500)
+    decoded = "\n".join(json_strings(json.loads(raw)))
+    assert sent in decoded
+    if sent != MARKDOWN:
+        assert leaks("terminal", decoded), decoded[:300]
+    if (
+        case == "key_across_cut"
+    ):  # across the message's 200th and 500th characters, the body's 500th
+        message = json.loads(raw)["error"]["message"]
+        assert all(message[i : i + len(KEY)] == KEY for i in (195, 495))
+        assert raw.decode()[495 : 495 + len(KEY)] == KEY
+
+
+@pytest.mark.parametrize(
+    ("case", "args", "check"),
+    [
+        ("models_huge", ("--size", str(8 << 20)), lambda s, h, b: len(b) == 8 << 20),
+        ("metrics_huge", ("--size", str(8 << 20)), lambda s, h, b: len(b) >= 8 << 20),
+        ("redirect_loop", (), lambda s, h, b: s == 307 and h["Location"].endswith("/v1/models")),
+        ("models_data_int", (), lambda s, h, b: b == b'{"data": 5}'),
+        ("mml_huge", (), lambda s, h, b: b'"max_model_len":1e+30' in b),
+        ("kv_string_zero", (), lambda s, h, b: b'kv_cache_size_tokens="0"' in b),
+    ],
+)
+def test_servers_misbehave(case, args, check) -> None:
+    """Each such server really does what its case says (the failures are the plugin's)."""
+    path = "/metrics" if "metrics" in case or "kv" in case else "/v1/models"
+    server = start_server(case, *args)
+    try:
+        status, headers, body = server.raw(path)
+    finally:
+        server.stop()
+    assert check(status, headers, body)
+
+
+def test_header_huge_sends_a_1_mb_header() -> None:
+    server = start_server("header_huge")
+    try:
+        head = server.raw_head("/version")
+    finally:
+        server.stop()
+    assert head.startswith(b"HTTP/1.1 200") and len(head) > 1 << 20
