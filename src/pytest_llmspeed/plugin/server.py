@@ -154,9 +154,18 @@ class ServerUnderTest:
         self.notes.extend(self.dialect.notes)
         named = [c for c in (MAX, LIMIT) if c in (*s.contexts, *s.prefill_contexts)]
         if self.info.max_model_len is None and named:
+            # a value the server sent and the probe refused is named (1e30, -5, true)
+            refused = next(
+                (n for n in self.info.notes if n.startswith("max_model_len") and "unknown" in n),
+                None,
+            )
+            why = (
+                f"the server's is not usable ({refused})"
+                if refused
+                else "which it does not report (not in /v1/models, nor in a /tokenize answer)"
+            )
             raise LLMSpeedError(
-                f"the context '{named[0]}' needs the server's max_model_len, which it does not "
-                "report (not in /v1/models, nor in a /tokenize answer)",
+                f"the context '{named[0]}' needs the server's max_model_len, {why}",
                 setting="max_model_len",
             )
         self._memory()
