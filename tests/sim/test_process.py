@@ -37,3 +37,7 @@ def test_a_killed_parent_takes_its_simulator_with_it():
     finally:
         if parent.poll() is None:
             parent.kill()
+            parent.wait(10)
+        for pipe in (parent.stdin, parent.stdout):
+            if pipe is not None:
+                pipe.close()
