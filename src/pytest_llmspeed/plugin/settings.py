@@ -181,7 +181,9 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "timeout",
-        "seconds to wait for a connection or for the next bytes of a stream",
+        "seconds to wait for a connection, a stream's first token, each next token (bytes that "
+        "are not tokens do not count) or a whole non-streamed answer; a request's total is "
+        "bounded by it plus max_tokens at 1 tok/s",
         default="120",
     ),
     Option(
