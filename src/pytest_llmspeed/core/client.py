@@ -153,14 +153,16 @@ class Connection:
         """GET a path; returns (status, body text), the whole answer within the timeout and
         at most ``limit`` bytes. Connection problems and a slow answer → ServerUnreachable;
         a redirect → Redirected; a body or header over its cap → AnswerTooLarge."""
+        answered = False
         try:
             async with asyncio.timeout(self.timeout):
                 async with await self.send("GET", path, headers=self.headers) as resp:
+                    answered = True
                     self.refuse_redirect(resp, path)
                     cap = limit if resp.status == 200 else ERROR_BODY_LIMIT
                     return resp.status, await read_body(resp, path, cap)
-        except TimeoutError:
-            raise self._slow(path) from None
+        except TimeoutError as exc:
+            raise (self._slow(path) if answered else self._unreachable(exc)) from None
         except aiohttp.ClientResponseError as exc:
             raise self._bad_head(path, exc) from None
         except (aiohttp.ClientConnectionError, OSError) as exc:
@@ -173,18 +175,20 @@ class Connection:
         JSON_LIMIT bytes); HTTP errors → RequestRejected / KeyRejected, whose message names
         the URL and ``purpose`` (what the request was for); an answer that is not a JSON
         object → MalformedAnswer."""
+        answered = False
         try:
             async with asyncio.timeout(self.timeout):
                 async with await self.send(
                     "POST", path, json=payload, headers=self.headers
                 ) as resp:
+                    answered = True
                     self.refuse_redirect(resp, path)
                     cap = JSON_LIMIT if resp.status == 200 else ERROR_BODY_LIMIT
                     body = await read_body(resp, path, cap)
                     if resp.status != 200:
                         raise self.http_error(resp.status, body, path, purpose)
-        except TimeoutError:
-            raise self._slow(path) from None
+        except TimeoutError as exc:
+            raise (self._slow(path) if answered else self._unreachable(exc)) from None
         except aiohttp.ClientResponseError as exc:
             raise self._bad_head(path, exc) from None
         except (aiohttp.ClientConnectionError, OSError) as exc:

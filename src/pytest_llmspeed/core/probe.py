@@ -256,18 +256,12 @@ def snapshot(samples: dict[str, list[tuple[dict[str, str], float]]]) -> MetricsS
 
 
 async def get_within(conn: Connection, path: str, limit: int | None = None) -> tuple[int, str]:
-    """``conn.get(path)`` (at most ``limit`` bytes, when given) with its whole answer within
-    the connection's timeout: a server that trickles bytes is no answer (ServerUnreachable,
-    ``timeout``), whatever the client's own bounds."""
-    try:
-        if limit is None:
-            return await asyncio.wait_for(conn.get(path), conn.timeout)
-        return await asyncio.wait_for(conn.get(path, limit=limit), conn.timeout)
-    except TimeoutError:
-        raise ServerUnreachable(
-            f"{conn.base_url}{path} did not send its whole answer within {conn.timeout:g} s",
-            setting="timeout",
-        ) from None
+    """``conn.get(path)`` (at most ``limit`` bytes, when given): its whole answer within the
+    connection's timeout (``Connection.get`` bounds it: no answer at all is "cannot reach",
+    a server that trickles its answer says so; both ServerUnreachable, ``timeout``)."""
+    if limit is None:
+        return await conn.get(path)
+    return await conn.get(path, limit=limit)
 
 
 async def metrics_text(conn: Connection, path: str = "/metrics") -> str | None:
@@ -303,6 +297,12 @@ async def probe_metrics(
     /v1/models failing means the server cannot be reached."""
     try:
         status, body = await get_within(conn, path, METRICS_LIMIT)
+    except ServerUnreachable as exc:
+        if exc.setting == "timeout":  # the endpoint answered /v1/models: /metrics is slow
+            why = f"{path} did not answer within {conn.timeout:g} s"
+        else:
+            why = f"{path} could not be read ({exc.message})"
+        return None, f"no server figures in this run: {why}"
     except LLMSpeedError as exc:
         return None, f"no server figures in this run: {exc.message}"
     if status != 200:
