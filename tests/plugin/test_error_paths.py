@@ -282,7 +282,7 @@ def test_stalled_streams_fail_the_cell_naming_the_timeout(results_doc, pytester)
     result.stdout.fnmatch_lines(
         [
             "*decode[[]1K-c2[]]: * requests failed (*% > --llm-max-error-rate 0.05): "
-            "*× no data for 1 s (stalled stream) (--llm-timeout)"
+            "*× no token for 1 s after the last one (a stalled stream; *) (--llm-timeout)"
         ]
     )
     cell = results_doc("out.json")["cells"][-1]
