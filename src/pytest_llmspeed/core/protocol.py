@@ -76,6 +76,7 @@ from .stats import (
     prompt_tok_s,
 )
 from .streams import PromptSource, Streams
+from .text import redact_known
 from .tokenize import ServerTokenizer
 from .wire import Dialect, StreamTally, request_fields
 from .workers import ProcessStreams, WorkerSpec, portable, split
@@ -1120,4 +1121,6 @@ def server_queued(waiting: Sequence[float], running: Sequence[float], n: int) ->
 
 
 def _short(error: str) -> str:
+    """An error kind for the cell's summary: every known secret redacted before the cut."""
+    error = redact_known(error)
     return error if len(error) <= 160 else error[:157] + "..."
