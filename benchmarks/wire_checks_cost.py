@@ -15,7 +15,14 @@ per read of each and their paired difference, for three shapes of stream:
 At 128 streams × 2,000 tok/s (benchmarks/results/client_at_scale.md's paced row, 256 K reads/s),
 a difference of d ns a read is 256,000 × d ns of CPU a second: 0.026 % of a core per ns.
 
+A decode cell too (``--cell-rounds N``): ``benchmarks.client_at_scale``'s plugin cell (128
+streams, 8 s windows) against its lean loopback server, paced (128 × 2,000 tok/s) and unpaced
+(the client's ceiling), N rounds of the tree before the checks (a ``git worktree`` of
+``--before``) and this tree in alternating order, each in a fresh process: events/s and the
+client's CPU share.
+
     python -m benchmarks.wire_checks_cost [--rounds 9] [--reads 20000] [--before 17de14a]
+        [--cell-rounds 4]
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -99,11 +107,51 @@ def cpu_per_read(tally_class: Callable[[], Any], reads: list[bytes], streams_of:
     return (time.process_time_ns() - t0) / len(reads)
 
 
+def cell_rounds(before: str, rounds: int, duration: float) -> list[list[str]]:
+    """The decode cell of each tree, alternating; rows of the medians and paired differences."""
+    from benchmarks.client_at_scale import LeanServer
+
+    tree = Path(tempfile.mkdtemp()) / "before"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), before], cwd=ROOT,
+                   check=True, capture_output=True)  # fmt: skip
+    rows = []
+    try:
+        for mode, rate in (("paced 128 × 2,000 tok/s", 2000.0), ("unpaced", 0.0)):
+            got: dict[str, list[dict[str, Any]]] = {"before": [], "checked": []}
+            for r in range(rounds):
+                order = [("before", tree), ("checked", ROOT)]
+                for name, root in order if r % 2 == 0 else reversed(order):
+                    with LeanServer(rate) as server:
+                        env = {**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"}
+                        out = subprocess.run(
+                            [sys.executable, "-m", "benchmarks.client_at_scale", "--one",
+                             "plugin", "--url", server.url, "--streams", "128",
+                             "--duration", str(duration)],
+                            cwd=root, env=env, capture_output=True, text=True, check=True,
+                        )  # fmt: skip
+                    got[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            for key, label in (("events_s", "events/s"), ("cpu_share", "client CPU")):
+                old = [x[key] for x in got["before"]]
+                new = [x[key] for x in got["checked"]]
+                diff = [n / o - 1 for n, o in zip(new, old, strict=True) if o]
+                show = (lambda v: f"{v:.0%}") if key == "cpu_share" else (lambda v: f"{v:,.0f}")
+                rows.append([
+                    mode, label, show(statistics.median(old)), show(statistics.median(new)),
+                    f"{statistics.median(diff):+.1%} (range {min(diff):+.1%} … {max(diff):+.1%})",
+                ])  # fmt: skip
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
+                       check=False, capture_output=True)  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--reads", type=int, default=20000)
     parser.add_argument("--before", default="17de14a", help="the commit before the checks")
+    parser.add_argument("--cell-rounds", type=int, default=0)
+    parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "wire_checks_cost.md")
     args = parser.parse_args(argv)
     before = old_wire(args.before)
@@ -161,6 +209,22 @@ def main(argv: list[str] | None = None) -> int:
         "256 K reads/s is 128 streams × 2,000 tok/s, one token a read "
         "(benchmarks/results/client_at_scale.md's paced row).",
     ]
+    if args.cell_rounds:
+        lines += [
+            "",
+            "## A decode cell",
+            "",
+            f"benchmarks.client_at_scale's plugin cell (128 streams, {args.duration:g} s windows, "
+            f"one token an event) against its lean server, {args.cell_rounds} rounds of each "
+            "tree in alternating order, each cell in a fresh process; the paired difference is "
+            "checked / before − 1, its median and range over the rounds.",
+            "",
+            *table(
+                ["server", "figure", "before (median)", "checked (median)", "difference"],
+                cell_rounds(args.before, args.cell_rounds, args.duration),
+                "llrrl",
+            ),
+        ]
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
