@@ -145,12 +145,6 @@ def test_collect_only_is_offline(pytester):
     )
 
 
-def test_xdist_is_refused(pytester):
-    pytest.importorskip("xdist")
-    result = pytester.runpytest("--llm-endpoint=sim", "-n", "2")
-    result.stderr.fnmatch_lines(["ERROR: pytest-llmspeed measures one cell at a time*"])
-
-
 def test_readme_documents_every_option():
     from pathlib import Path
 

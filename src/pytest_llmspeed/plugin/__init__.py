@@ -40,11 +40,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if settings.endpoint_of(config) is None:
         return
     conf = settings.load(config)
-    if getattr(config.option, "numprocesses", None) or getattr(config.option, "dist", "no") != "no":
-        raise pytest.UsageError(
-            "pytest-llmspeed measures one cell at a time: two cells at once on one server give "
-            "numbers that lie. Run without pytest-xdist (drop -n / --dist)."
-        )
     from .progress import ProgressReporter
     from .session import LLMSpeedRun
 
@@ -83,6 +78,8 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     server restarted between runs and each run's cells added to the baseline (the last one's
     at the session's end). Otherwise pytest's loop."""
     run = _run(session.config)
+    if _is_xdist_worker(session.config) and session.shouldstop:
+        return True  # refused (pytest_collection_finish): the controller says why, once
     if run is None or run.settings.runs < 2 or not run.server.started:
         return None
     if session.testsfailed and not session.config.option.continue_on_collection_errors:
@@ -124,9 +121,41 @@ def _next_run(run: LLMSpeedRun, number: int) -> str | None:
     return None
 
 
+#: how a refusal under pytest-xdist begins (the controller knows it by these words)
+XDIST_REFUSAL = "pytest-llmspeed cannot run speed tests under pytest-xdist"
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def xdist_refusal(items: list[pytest.Item]) -> str:
+    """The one line a worker stops with when a selected test needs the server (docs/design.md,
+    "No two cells at once"): what is wrong and the flag that works whatever addopts holds."""
+    from .selection import needs_server
+
+    count = sum(1 for item in items if needs_server(item))
+    return (
+        f"{XDIST_REFUSAL}: {count} selected test(s) need the LLM server, and two cells at once "
+        "on one server give numbers that lie. Add -n 0 to the command (it overrides -n in "
+        "addopts): pytest -n 0 ...; tests that need no server still run under -n when none "
+        "of the selected tests does"
+    )
+
+
+def _refused_under_xdist(session: pytest.Session) -> bool:
+    """On xdist's controller: did a worker refuse (its shouldstop, raised as Interrupted)?"""
+    dsession = session.config.pluginmanager.getplugin("dsession")
+    return str(getattr(dsession, "shouldstop", "") or "").startswith(XDIST_REFUSAL)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run = _run(session.config)
     if run is None:
+        return
+    if _refused_under_xdist(session):  # a usage error, as without xdist: exit 4
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
+        run.stop()
         return
     if exitstatus == pytest.ExitCode.USAGE_ERROR:  # nothing ran: nothing to gate or write
         run.stop()
@@ -283,6 +312,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     run.selection.choose(session.items)
     if not run.selection.needs_server or session.config.option.collectonly:
         return  # no network, nothing started
+    if _is_xdist_worker(session.config):
+        session.shouldstop = xdist_refusal(session.items)
+        return
     _start(run)
     for item in session.items:
         cid = item.stash.get(CELL_KEY, None)
