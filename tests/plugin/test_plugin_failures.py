@@ -1,6 +1,7 @@
 """What goes wrong on the server side reaches the user as one clear message, never a traceback."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -132,6 +133,7 @@ def test_ctrl_c_keeps_the_finished_cells(tmp_path):
         if results.exists() and '"decode[1K-c2]"' in results.read_text():
             break
         time.sleep(0.2)
+    time.sleep(1.0)  # decode[1K-c4] is running (its 3 s window, after the idle wait)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
@@ -140,3 +142,8 @@ def test_ctrl_c_keeps_the_finished_cells(tmp_path):
     cells = {c["id"]: c for c in json.loads(results.read_text())["cells"]}
     assert cells["decode[1K-c1]"]["status"] == "valid"
     assert cells["decode[1K-c2]"]["status"] == "valid"
+    # the cell Ctrl-C cut is named, in the results and the summary, never as passed
+    cut = cells["decode[1K-c4]"]
+    assert cut["status"] == "error" and "by Ctrl-C" in cut["reason"], cut
+    assert re.search(r"error: decode\[1K-c4\]: cut after \d+\.\d s by Ctrl-C", out), out
+    assert "decode[1K-c8]" not in cells

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -16,7 +17,7 @@ from typing import Any, TypeVar
 from ..results import CellId, CellRecord
 from .bandwidth import MemoryModel
 from .client import Connection
-from .errors import LLMSpeedError
+from .errors import CellCut, LLMSpeedError
 from .heartbeat import LoopLag
 from .matrix import Limits, resolve_context
 from .probe import ServerInfo, probe
@@ -38,6 +39,10 @@ from .text import Secret, secret
 from .wire import Dialect
 
 T = TypeVar("T")
+
+#: after a run is stopped by an exception from outside its loop (a signal handler's, e.g. a
+#: timeout plugin's): how long the tasks it left get to end once cancelled
+CANCEL_GRACE_S = 5.0
 
 #: --llm-client-processes=auto
 AUTO = "auto"
@@ -66,6 +71,44 @@ def was_interrupted(runner: asyncio.Runner) -> bool:
     count of SIGINTs in a private attribute and offers no public way to read it: this is the
     one place that reads it (tests/unit/test_private_access.py fails if it goes away)."""
     return bool(getattr(runner, "_interrupt_count", 0))
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When the runs of a cell must stop (``time.perf_counter()``), and what stopped them, in
+    words (``cut after 10 s by pytest-timeout``): the caller's limit, not the server's."""
+
+    at: float
+    words: str
+
+
+async def _until(coro: Coroutine[Any, Any, T], deadline: Deadline) -> T:
+    """``coro``, cancelled at the deadline (its ``finally`` blocks close its streams); raises
+    CellCut then. A TimeoutError of the coroutine's own passes as it is."""
+    remaining = deadline.at - time.perf_counter()
+    if remaining <= 0:
+        coro.close()
+        raise CellCut(deadline.words)
+    limit = asyncio.timeout(remaining)
+    try:
+        async with limit:
+            return await coro
+    except TimeoutError:
+        if limit.expired():
+            raise CellCut(deadline.words) from None
+        raise
+
+
+def _cancel_left(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel the tasks a run left on the loop (an exception from a signal handler stopped
+    ``run_until_complete`` with the cell's streams still reading) and let them end, within
+    CANCEL_GRACE_S: the next run of the loop must not resume them."""
+    left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    if not left:
+        return
+    for task in left:
+        task.cancel()
+    loop.run_until_complete(asyncio.wait(left, timeout=CANCEL_GRACE_S))
 
 
 @dataclass
@@ -115,9 +158,20 @@ class Bench:
     dialect: Dialect | None = None
     prefills: dict[int, PrefillResult] = field(default_factory=dict)
     _auto: int = 1  # with client_processes AUTO: the processes the next decode cell uses
+    #: when the runs of the cell now measured must stop (a caller's time limit), else None
+    deadline: Deadline | None = None
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        result = self.runner.run(coro)
+        """``coro`` on the bench's loop, within ``deadline`` when one is set (CellCut past it).
+        Stopped from outside (Ctrl-C, an exception from a signal handler), the run leaves no
+        task behind: what it started is cancelled, its streams closed, before this raises."""
+        if self.deadline is not None:
+            coro = _until(coro, self.deadline)
+        try:
+            result = self.runner.run(coro)
+        except BaseException:
+            _cancel_left(self.runner.get_loop())
+            raise
         if was_interrupted(self.runner):
             raise KeyboardInterrupt
         return result

@@ -28,6 +28,12 @@ class LLMSpeedError(Exception):
         return str(self.args[0]) if self.args else ""
 
 
+class CellCut(Exception):
+    """A cell stopped from outside before its end (a time limit the caller set on the run, see
+    ``Bench.deadline``): its streams were cancelled and closed. Not the server's fault, so not an
+    LLMSpeedError; the message says what cut it (``cut after 10 s by pytest-timeout``)."""
+
+
 class ServerUnreachable(LLMSpeedError):
     """No connection, or no answer within the timeout."""
 

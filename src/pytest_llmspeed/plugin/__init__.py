@@ -59,6 +59,10 @@ def pytest_configure(config: pytest.Config) -> None:
         raise
     config.pluginmanager.register(ProgressReporter(config), "llmspeed-progress")
     config.pluginmanager.register(SuiteProperties(config), "llmspeed-suite-properties")
+    if config.pluginmanager.hasplugin("timeout"):  # pytest-timeout: a cut cell stops cleanly
+        from .timeouts import CellTimeouts
+
+        config.pluginmanager.register(CellTimeouts(config.stash[RUN_KEY]), "llmspeed-timeouts")
 
 
 def _run(config: pytest.Config) -> LLMSpeedRun | None:

@@ -11,6 +11,7 @@ Example (a test of your own)::
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
@@ -82,9 +83,10 @@ def llm_prefix(request: pytest.FixtureRequest) -> WarmPrefix:
 
     Parametrized with the context (``8K``, ``8192`` or ``max``), indirectly.
     """
-    from ..core.errors import LLMSpeedError
+    from ..core.errors import CellCut, LLMSpeedError
     from ..core.matrix import normalize_context
     from ..core.status import cell_status
+    from ..results import CellId, Status
     from .messages import cell_words
 
     run = _active_run(request)
@@ -96,20 +98,42 @@ def llm_prefix(request: pytest.FixtureRequest) -> WarmPrefix:
     skip = run.server.skip(cid)
     if skip:
         _skip(run, cid, skip.status, skip.reason)
+    started = time.perf_counter()
+    cut: str | None = None
     try:
         tokens, result = run.warm(context)
     except LLMSpeedError as exc:
         status = cell_status(exc)
         if status.status is Status.ERROR:
             _stop_if_fatal(request, run, exc)
+    except CellCut as exc:
+        cut = str(exc)
+    except KeyboardInterrupt:
+        _record_cut(run, None, cid, f"cut after {time.perf_counter() - started:.1f} s by Ctrl-C")
+        raise
     else:
         return WarmPrefix(context, tokens, result)
+    if cut is not None:  # failed outside the except block: no chained traceback
+        _record_cut(run, None, cid, cut)
+        pytest.fail(f"{cid}: {cut}", pytrace=False)
     from ..core.records import unmeasured_record
 
     # failed outside the except block: no chained traceback in the report
     reason = run.redact(cell_words(status))
     run.store.record(unmeasured_record(cid, status.status, reason, run.server.resolve(context)))
     pytest.fail(reason if status.status is Status.ERROR else f"{cid}: {reason}", pytrace=False)
+
+
+def _record_cut(run: LLMSpeedRun, node: pytest.Item | None, cid: CellId, words: str) -> None:
+    """A cell stopped from outside (pytest-timeout, Ctrl-C) before its end: an error, with what
+    cut it and when, in the results (written at once), the summary and on its test."""
+    from ..core.records import unmeasured_record
+    from ..results import Status
+
+    record = unmeasured_record(cid, Status.ERROR, words, run.server.resolve(cid.context))
+    run.store.record(record)
+    if node is not None:
+        node.user_properties.extend(record.properties())
 
 
 def _stop_if_fatal(request: pytest.FixtureRequest, run: LLMSpeedRun, exc: Exception) -> None:
@@ -171,19 +195,31 @@ class CellRunner:
         """One measurement of a decode cell: its record, valid or not as the core decides
         (:func:`~pytest_llmspeed.core.status.cell_status`); an error that stops the cell at
         once fails the test here."""
-        from ..core.errors import LLMSpeedError
+        from ..core.errors import CellCut, LLMSpeedError
         from ..core.records import decode_record, unmeasured_record
         from ..core.status import cell_status
+        from ..results import Status
         from .messages import cell_words
 
         assert cid.concurrency is not None and self.run.server.bench is not None
         max_error_rate = self.run.server.bench.config.max_error_rate
         outcome: DecodeResult | LLMSpeedError
+        started = time.perf_counter()
+        cut: str | None = None
         try:
             outcome = self.run.decode(prefix.tokens, cid.concurrency)
         except LLMSpeedError as exc:
             _stop_if_fatal(self.request, self.run, exc)
             outcome = exc
+        except CellCut as exc:
+            cut = str(exc)
+        except KeyboardInterrupt:
+            words = f"cut after {time.perf_counter() - started:.1f} s by Ctrl-C"
+            _record_cut(self.run, self.request.node, cid, words)
+            raise
+        if cut is not None:  # failed outside the except block: no chained traceback
+            _record_cut(self.run, self.request.node, cid, cut)
+            pytest.fail(f"{cid}: {cut}", pytrace=False)
         status = cell_status(outcome, max_error_rate)
         reason = None if status.valid else self.run.redact(cell_words(status))
         if isinstance(outcome, LLMSpeedError):

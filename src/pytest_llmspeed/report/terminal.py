@@ -257,11 +257,18 @@ def render(
                     colalign=("left",) + ("right",) * (len(header) - 1),
                 )
             )
+    lines += unmeasured_lines(cells)
     missing = not_exposed(cells)
     if missing:
         lines.append(f"note: {missing}")
     lines += [f"note: {n}" for n in notes]
     return lines
+
+
+def unmeasured_lines(cells: list[CellRecord]) -> list[str]:
+    """Why each cell in error has no figures (cut by a timeout or Ctrl-C, the server failed
+    it), one line each: the matrix shows only ERR."""
+    return [f"error: {c.id}: {c.reason}" for c in cells if c.status is Status.ERROR and c.reason]
 
 
 WARMUP_NOTE = "measured by the decode warm-up (its prefill test was not selected)"
