@@ -96,7 +96,7 @@ def test_prompt_the_server_refuses_fails_the_cell_with_its_reason(results_doc, p
     cells = results_doc("out.json")["by_id"]
     assert cells["prefill[40K]"]["status"] == "failed"
     assert "HTTP 400" in cells["prefill[40K]"]["reason"]
-    assert cells["decode[40K-c1]"]["status"] == "skipped"  # not run
+    assert cells["decode[40K-c1]"]["status"] == "error"  # its setup failed: pytest's ERROR
     assert "refused a prompt that fits" in cells["decode[40K-c1]"]["reason"]
 
 

@@ -335,6 +335,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         progress.plan = [
             (c, run.server.resolve(c.context), run.server.skip(c) is not None) for c in cells
         ]
+        # a test of yours that names its cell when it runs: counted as one decode window
+        progress.open_cells = {run.selection.node_cells[n] for n in run.selection.open}
         run.show_progress(progress)
 
 
@@ -346,7 +348,7 @@ def pytest_report_collectionfinish(config: pytest.Config) -> list[str] | None:
         return None
     lines = [f"llmspeed: {run.selection.rule}"]
     if run.selection.needs_server and config.getoption("verbose") >= 0:
-        lines += run.server.header()
+        lines += run.server.header(selected=run.selection.words())  # what runs, not the ini's
     return [run.redact(line) for line in lines]
 
 
@@ -359,18 +361,25 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if excinfo.errisinstance(pytest.skip.Exception):
             _record_skip(run, item, cid, str(excinfo.value))
         elif str(cid) not in run.store.cells and run.server.started:
-            _record_not_run(run, item, cid, str(excinfo.value))
+            _record_setup_error(run, item, cid, excinfo)
     return (yield)
 
 
-def _record_not_run(run: LLMSpeedRun, item: pytest.Item, cid: CellId, message: str) -> None:
-    """A cell whose setup failed (its context's prefix was refused, the server stopped):
-    not run, with the reason."""
+def _record_setup_error(
+    run: LLMSpeedRun, item: pytest.Item, cid: CellId, excinfo: pytest.ExceptionInfo[BaseException]
+) -> None:
+    """A cell whose setup failed (its context's prefix was refused, the server stopped, a
+    fixture of yours raised): an error, as pytest reports its test, with the reason: the
+    plugin's own words, or the exception's type and first line."""
     from ..core.records import unmeasured_record
     from ..results import Status
 
-    reason = run.redact(message.removeprefix("Failed: ").strip().splitlines()[0] if message else "")
-    record = unmeasured_record(cid, Status.NOT_RUN, reason, run.server.resolve(cid.context))
+    lines = str(excinfo.value).strip().splitlines()
+    first = lines[0] if lines else ""
+    if not excinfo.errisinstance(pytest.fail.Exception):
+        first = f"in setup: {excinfo.typename}" + (f": {first}" if first else "")
+    reason = run.redact(first)
+    record = unmeasured_record(cid, Status.ERROR, reason, run.server.resolve(cid.context))
     run.store.record(record)
     item.user_properties.extend(record.properties())
 

@@ -157,6 +157,8 @@ class CellRunner:
         """The prefill cell's record (measured when the prefix was warmed), gated."""
         from ..core.records import prefill_record
 
+        if self.run.progress is not None:  # the progress lines name the cell that runs
+            self.run.progress.announce(CellId.prefill(prefix.param))
         record = self.run.store.cells[str(CellId.prefill(prefix.param))]
 
         def again() -> CellRecord:
@@ -170,6 +172,8 @@ class CellRunner:
         """Run the sustained-decode cell (prefix context, concurrency); fail on errors or on a
         confirmed miss of the baseline."""
         cid = CellId.decode(prefix.param, concurrency)
+        if self.run.progress is not None:  # the progress lines name the cell that runs
+            self.run.progress.announce(cid)
         skip = self.run.server.skip(cid)
         if skip:
             _skip(self.run, cid, skip.status, skip.reason)

@@ -3,6 +3,19 @@
     [12/48] decode[32K-c8] · window 30 s · elapsed 6:12 · about 14 min left
     [12/48] decode[32K-c8] valid: 903.6 tok/s · 112.9 tok/s per request · TTFT 1,199 ms
 
+Each line names the cell that runs. A test of yours names its cell only when it runs
+(``llm_cell.decode(llm_prefix, 8)``, :func:`.selection.is_open`): its runner announces each
+cell it starts (:meth:`Progress.announce`), the line of the one before is ended and the new
+one's begun, under the test's one number; the cold prefill that warms its context first, when
+it does, is shown as what it is:
+
+    [1/1] prefill[4K] warm-up · cold prefill · elapsed 0:00 · about 3 s left
+    [1/1] prefill[4K] warm-up: 367,496.9 prompt tok/s · TTFT 11 ms
+    [1/1] decode[4K-c8] · window 1 s · elapsed 0:00 · about 3 s left
+    [1/1] decode[4K-c8]: 15,112.3 tok/s · 1,889.0 tok/s per request · TTFT 13 ms (1 s)
+
+A test run again (pytest-rerunfailures) keeps its number: ``[1/2] decode[1K-c1] (rerun 1)``.
+
 Plain lines, no carriage return and no colour, so they read the same in a CI log as on a
 terminal. ``-q`` silences them. In a log (no terminal) a cell is those two lines and nothing
 between them: pytest's own progress for the cell — its location, the ``.`` of its result —
@@ -77,14 +90,43 @@ class Progress:
     _cell_started: float = 0.0
     #: with --llm-runs: which run, ``run 2/3 · ``
     run_label: str = ""
+    #: the planned cells of the tests that name theirs when they run (a decode window each)
+    open_cells: set[CellId] = field(default_factory=set)
+    #: the running test's rerun (pytest-rerunfailures), 0 on its first run
+    rerun: int = 0
+    _last: str | None = None  # the node id of the test begun last
+    #: told of each cell a test's runner starts (the reporter, while a test runs)
+    on_cell: Callable[[CellId], None] | None = None
 
     def next_run(self, label: str, plan: list[tuple[CellId, int | None, bool]]) -> None:
         """--llm-runs: the matrix again, its cells counted from 1."""
         self.run_label, self.plan, self.done, self.warmed = label, list(plan), 0, set()
+        self._last, self.rerun = None, 0
 
     @property
     def head(self) -> str:
         return f"[{self.run_label}{self.done}/{self.total}]"
+
+    def begin(self, nodeid: str, planned: CellId) -> None:
+        """A test of the plan starts: counted once, however often it is run again (a rerun
+        starts the same test again, before any other)."""
+        if nodeid == self._last:
+            self.rerun += 1
+            return
+        self._last, self.rerun = nodeid, 0
+        if self.plan and self.plan[0][0] == planned:
+            self.plan.pop(0)
+        self.done += 1
+
+    def announce(self, cid: CellId) -> None:
+        """The running test's runner starts ``cid`` (``CellRunner.decode`` / ``prefill``)."""
+        if self.on_cell is not None:
+            self.on_cell(cid)
+
+    def name(self, cid: CellId, warmup: bool = False) -> str:
+        """``[3/12] decode[8K-c16]``, ``[1/1] prefill[4K] warm-up``, ``… (rerun 1)``."""
+        again = f" (rerun {self.rerun})" if self.rerun else ""
+        return f"{self.head} {cid}{' warm-up' if warmup else ''}{again}"
 
     def left_s(self) -> float:
         """Seconds the remaining cells will take, by what the run has measured so far."""
@@ -101,20 +143,32 @@ class Progress:
                 warmed.add(cid.label)
                 if rate and tokens:
                     left += tokens / rate
-            if cid.phase is Phase.DECODE:
+            if cid.phase is Phase.DECODE or cid in self.open_cells:
                 left += self.window_s + overhead
         return left
 
-    def start_line(self, cid: CellId) -> str:
+    def start_line(self, cid: CellId, *, warmup: bool = False, measured: bool = False) -> str:
+        """The line a cell starts with (the test begun with :meth:`begin`). ``warmup``: the
+        cold prefill that warms the context of a test that names its cell when it runs (a
+        decode window is likely to follow); ``measured``: a prefill cell measured before."""
         self._cell_started = time.monotonic()
-        if self.plan and self.plan[0][0] == cid:
-            self.plan.pop(0)
-        self.done += 1
         up_to = "≤" if self.early_end else ""
-        what = f"window {up_to}{self.window_s:g} s" if cid.phase is Phase.DECODE else "cold prefill"
+        if cid.phase is Phase.DECODE:
+            what = f"window {up_to}{self.window_s:g} s"
+        else:
+            what = "measured when its prefix was warmed" if measured else "cold prefill"
         elapsed = clock(time.monotonic() - self.started)
-        left = self.left_s() + (self.window_s if cid.phase is Phase.DECODE else 0.0)
-        return f"{self.head} {cid} · {what} · elapsed {elapsed} · about {duration_words(left)} left"
+        left = self.left_s() + (self.window_s if cid.phase is Phase.DECODE or warmup else 0.0)
+        return (
+            f"{self.name(cid, warmup)} · {what} · elapsed {elapsed} · "
+            f"about {duration_words(left)} left"
+        )
+
+    def no_cell_line(self, test: str) -> str:
+        """A test of yours that ran no cell of its own (its context was warm, it failed before
+        its runner started one)."""
+        again = f" (rerun {self.rerun})" if self.rerun else ""
+        return f"{self.head} {test}{again}: no cell ran"
 
     def live_line(self, cid: CellId, tick: DecodeTick) -> str:
         """``[3/12] decode[8K-c16] · 12/30 s · 41,230 tokens · 3,512 tok/s now · 16 in flight``"""
@@ -129,10 +183,10 @@ class Progress:
             f"{tick.tok_s_now:,.0f} tok/s now · {tick.in_flight} in flight"
         )
 
-    def end_line(self, cid: CellId, record: CellRecord | None) -> str:
+    def end_line(self, cid: CellId, record: CellRecord | None, warmup: bool = False) -> str:
         took = time.monotonic() - self._cell_started
         self.warmed.add(cid.label)
-        head = f"{self.head} {cid}"
+        head = self.name(cid, warmup)
         if record is None:
             return f"{head} not run"
         if record.phase is Phase.PREFILL and record.prompt_tok_s and record.ttft_ms:
@@ -177,7 +231,14 @@ class ProgressReporter:
         self._log: bool | None = None  # no terminal: likewise
         self._shown: int | None = None  # the live line is drawn after this many columns
         self._fspath: bool | None = None  # pytest's showfspath while a cell runs in a log
-        self._failed = False  # the running cell's test failed (pytest's F, left out in a log)
+        #: pytest's word for the running test when it did not pass (FAILED, ERROR, RERUN: its
+        #: letter is left out in a log)
+        self._outcome = ""
+        self._nodeid = ""  # the running test of the plan
+        self._cell: CellId | None = None  # the cell its open start line names
+        self._warmup = False  # that line is the warm-up of a test that names its cell
+        #: the record of that cell when its line began (the end line shows only a newer one)
+        self._before: CellRecord | None = None
 
     def _live_wanted(self) -> bool:
         """A live line only on a terminal, where a carriage return rewrites a line."""
@@ -195,14 +256,14 @@ class ProgressReporter:
         capman = self.config.pluginmanager.get_plugin("capturemanager")
         return capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
 
-    def _tick(self, progress: Progress, cid: CellId, tick: DecodeTick) -> None:
+    def _tick(self, progress: Progress, planned: CellId, tick: DecodeTick) -> None:
         tw = self.config.get_terminal_writer()
         with self._uncaptured():
             at = tw.width_of_current_line  # after pytest's "llmspeed " (the test's id with -v)
             room = tw.fullwidth - at - 1
             if room < MIN_LIVE_WIDTH:
                 return
-            line = progress.live_line(cid, tick)
+            line = progress.live_line(self._cell or planned, tick)
             if len(line) > room:  # the cell's name first (the start line above has it)
                 line = progress.live_figures(tick)
             if len(line) > room:
@@ -249,26 +310,90 @@ class ProgressReporter:
             return None
         return run.progress, run.selection.node_cells[nodeid], run.store.cells
 
+    def _is_open(self, nodeid: str) -> bool:
+        """Does this test name its cell only when it runs (:func:`.selection.is_open`)?"""
+        from .stash import RUN_KEY
+
+        run = self.config.stash.get(RUN_KEY, None)
+        return run is not None and nodeid in run.selection.open
+
     @pytest.hookimpl(tryfirst=True)  # before pytest writes the test's name
     def pytest_runtest_logstart(self, nodeid: str) -> None:
         found = self._run_and_cell(nodeid)
         if found:
-            progress, cid, _ = found
-            self._failed = False
+            progress, planned, cells = found
+            self._outcome, self._nodeid = "", nodeid
+            progress.begin(nodeid, planned)
+            line: str | None = None
+            if not self._is_open(nodeid):
+                line = progress.start_line(planned)
+                self._cell, self._warmup, self._before = planned, False, None
+            elif str(planned) not in cells:  # its context is cold: the warm-up runs first
+                line = progress.start_line(planned, warmup=True)
+                self._cell, self._warmup, self._before = planned, True, None
+            else:  # the cell is named when its runner starts it
+                self._cell, self._warmup, self._before = None, False, cells.get(str(planned))
+            progress.on_cell = functools.partial(self._announced, progress, cells)
             if not self._in_log():
-                self._write(progress.start_line(cid))
+                if line is not None:
+                    self._write(line)
             elif self.config.get_verbosity() > 0:
                 # -v: pytest's line for the test ends this one and follows it
-                self._write_open(progress.start_line(cid))
+                if line is not None:
+                    self._write_open(line)
             else:
-                self._write(progress.start_line(cid))
+                if line is not None:
+                    self._write(line)
                 reporter = self.config.pluginmanager.get_plugin("terminalreporter")
                 if reporter is not None:  # its line of dots: not for this cell
                     self._fspath, reporter.showfspath = reporter.showfspath, False
             if self._live is None:
                 self._live = self._live_wanted()
             if self._live:
-                self._set_on_tick(functools.partial(self._tick, progress, cid))
+                self._set_on_tick(functools.partial(self._tick, progress, planned))
+
+    def _announced(self, progress: Progress, cells: dict[str, CellRecord], cid: CellId) -> None:
+        """The running test's runner starts ``cid``: the line of the cell shown so far is
+        ended (a warm-up, or a cell the test did not run after all) and ``cid``'s begun, under
+        the same number. The cell already shown (the built-in suite's): nothing to say."""
+        if cid == self._cell:
+            self._warmup = False  # the warm-up is the test's own prefill cell
+            return
+        lines = []
+        if self._cell is not None:
+            lines.append(progress.end_line(self._cell, self._fresh(cells), self._warmup))
+        measured = cid.phase is Phase.PREFILL and str(cid) in cells
+        lines.append(progress.start_line(cid, measured=measured))
+        self._cell, self._warmup, self._before = cid, False, cells.get(str(cid))
+        self._write_between(lines)
+
+    def _fresh(self, cells: dict[str, CellRecord]) -> CellRecord | None:
+        """The shown cell's record, if it was recorded since its line began."""
+        record = None if self._cell is None else cells.get(str(self._cell))
+        return None if record is self._before else record
+
+    def _write_between(self, lines: list[str]) -> None:
+        """Lines written while the test runs (inside output capture): in a log as the cell's
+        lines are (with -v the last left open for pytest's line of the test); on a terminal
+        each on a line of its own in place of pytest's location (erased where the live line
+        may be drawn), then the location again for the test's letter."""
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None:
+            return
+        self._erase()  # the live line of a window the test ran before
+        verbose = self.config.get_verbosity() > 0
+        with self._uncaptured():
+            if self._live and reporter.currentfspath:  # pytest's location: written again
+                self.config.get_terminal_writer().write_raw("\r\x1b[K", flush=True)
+                reporter.currentfspath = None
+            for line in lines[:-1]:
+                self._write(line)
+            if self._in_log() and verbose:
+                self._write_open(lines[-1])
+                return
+            self._write(lines[-1])
+            if not self._in_log() and not verbose and reporter.showfspath:
+                reporter.write_fspath_result(self._nodeid, "")
 
     @pytest.hookimpl(wrapper=True)
     def pytest_report_teststatus(
@@ -289,7 +414,10 @@ class ProgressReporter:
     @pytest.hookimpl(tryfirst=True)  # before pytest writes the result where the line was
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self._erase()
-        self._failed = self._failed or report.failed
+        if report.outcome == "rerun":  # type: ignore[comparison-overlap]  # rerunfailures
+            self._outcome = "RERUN"
+        elif report.failed and not self._outcome:
+            self._outcome = "FAILED" if report.when == "call" else "ERROR"
 
     def pytest_keyboard_interrupt(self) -> None:
         self._erase()
@@ -299,9 +427,21 @@ class ProgressReporter:
         if found:
             self._erase()
             self._set_on_tick(None)
-            progress, cid, cells = found
-            record = cells.get(str(cid))
-            line = progress.end_line(cid, record)
+            progress, planned, cells = found
+            progress.on_cell = None
+            if self._cell is None:  # no cell shown: one recorded for the test all the same
+                record = cells.get(str(planned))  # (its setup failed), or none ran
+                if record is not None and record is not self._before:
+                    line = progress.end_line(planned, record)
+                else:
+                    line = progress.no_cell_line(nodeid.rpartition("::")[2])
+            elif self._cell == planned and not self._warmup:  # the test's own cell
+                record = cells.get(str(planned))
+                line = progress.end_line(planned, record)
+            else:
+                record = self._fresh(cells)
+                line = progress.end_line(self._cell, record, self._warmup)
+            self._cell = None
             if not self._in_log():
                 self._write(line)
                 return
@@ -309,8 +449,8 @@ class ProgressReporter:
             if self._fspath is not None and reporter is not None:
                 reporter.showfspath, self._fspath = self._fspath, None
             quiet = self.config.get_verbosity() <= 0  # pytest's F left out of the log
-            if quiet and self._failed and (record is None or record.status is Status.VALID):
-                line += " · test FAILED"
+            if quiet and self._outcome and (record is None or record.status is Status.VALID):
+                line += f" · test {self._outcome}"
             self._write_open(line)
 
     def pytest_sessionfinish(self) -> None:

@@ -1,6 +1,11 @@
 """What one session set out to measure: whether the built-in suite joins the user's tests (and
 the rule that decided, in words), the cells of the selected tests, and whether any selected
 test needs the server at all — without one, the plugin starts nothing and touches no network.
+
+A test of yours that takes ``llm_cell`` and a context but no ``llm_concurrency`` names its cell
+only when it runs (``llm_cell.decode(llm_prefix, 8)``): collection knows its context, not its
+concurrency. Such a test is *open*: the header says so, and its progress lines name the cells
+its runner announces (:mod:`.progress`).
 """
 
 from __future__ import annotations
@@ -14,18 +19,79 @@ from .settings import OPTIONS
 from .stash import CELL_KEY
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from ..results import CellId
     from .settings import Settings
 
 #: the fixtures that need the server (any one of them in a test's closure)
 FIXTURES = frozenset({"llm_cell", "llm_prefix", "llm_bench", "llm_server", "llm_concurrency"})
 _SUITE_MARKERS = re.compile(r"\b(decode|prefill|llmspeed)\b")
+#: at most this many cells are named one by one in the header when they are not a grid
+NAMED_CELLS = 4
 
 
 def needs_server(item: pytest.Item) -> bool:
     """Does this test use the server (one of the ``llm_*`` fixtures, the built-in suite's
     tests included)?"""
     return bool(FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+def is_open(item: pytest.Item) -> bool:
+    """Does this test name its cell only when it runs: it runs cells (``llm_cell``) at a
+    context, with no ``llm_concurrency`` and no ``prefill`` marker to say which? Its cell from
+    collection is the context's prefill, which may be only the warm-up of a decode cell."""
+    names = set(getattr(item, "fixturenames", ()))
+    return (
+        "llm_cell" in names
+        and "llm_concurrency" not in names
+        and item.get_closest_marker("prefill") is None
+    )
+
+
+def _listed(contexts: Iterable[int | str]) -> str:
+    """``1K,4K,max``: each context once, shortest first (``max`` and ``limit`` last)."""
+    from ..results import context_label
+
+    unique = set(contexts)
+    ordered = sorted(unique, key=lambda c: (isinstance(c, str), c if isinstance(c, int) else 0))
+    return ",".join(context_label(c) for c in ordered)
+
+
+def selected_words(cells: list[CellId], open_contexts: list[int | str]) -> str:
+    """What the selected cells are, for the header: ``contexts 8K,16K · concurrency 1,2`` when
+    they are a grid (every context at every concurrency, prefill cells at those contexts),
+    ``contexts 8K,16K · prefill only``, else ``cells decode[8K-c1], decode[16K-c2]`` (a few)
+    or ``7 cells (not a full grid) · contexts … · concurrency …``; then the open tests: ``your
+    test at 4K picks its cells (named as they run)``."""
+    from ..results import Phase
+
+    parts = []
+    decode = [c for c in cells if c.phase is Phase.DECODE]
+    contexts = _listed(c.context for c in cells)
+    concurrency = ",".join(map(str, sorted({c.concurrency for c in decode if c.concurrency})))
+    grid = {(c, n) for c in {c.context for c in cells} for n in {c.concurrency for c in decode}}
+    if not cells:
+        pass
+    elif not decode:
+        parts.append(f"contexts {contexts} · prefill only")
+    elif len(grid) == len({(c.context, c.concurrency) for c in decode}):
+        parts.append(f"contexts {contexts} · concurrency {concurrency}")
+    elif len(set(cells)) <= NAMED_CELLS:
+        parts.append("cells " + ", ".join(dict.fromkeys(str(c) for c in cells)))
+    else:
+        parts.append(
+            f"{len(set(cells))} cells (not a full grid) · contexts {contexts} · "
+            f"concurrency {concurrency}"
+        )
+    if open_contexts:
+        at = _listed(open_contexts)
+        parts.append(
+            f"your test at {at} picks its cells (named as they run)"
+            if len(open_contexts) == 1
+            else f"{len(open_contexts)} tests of yours at {at} pick their cells (named as they run)"
+        )
+    return " · ".join(parts) or "no cell selected"
 
 
 class Selection:
@@ -39,6 +105,8 @@ class Selection:
         self.selected: set[str] = set()
         self.node_cells: dict[str, CellId] = {}  # test node id → the cell it measures
         self.cells: list[CellId] = []  # the selected cells, in the order they run
+        #: the tests that name their cell only when they run (:func:`is_open`), by node id
+        self.open: set[str] = set()
         self.needs_server = False  # a selected test uses the server
 
     def add_suite(self, config: pytest.Config, items: list[pytest.Item]) -> bool:
@@ -79,4 +147,11 @@ class Selection:
         self.cells = [i.stash[CELL_KEY] for i in measured]
         self.selected = {str(c) for c in self.cells}
         self.node_cells = {i.nodeid: i.stash[CELL_KEY] for i in measured}
+        self.open = {i.nodeid for i in measured if is_open(i)}
         self.needs_server = any(needs_server(i) for i in items)
+
+    def words(self) -> str:
+        """What is selected to run, for the header (:func:`selected_words`)."""
+        closed = [c for n, c in self.node_cells.items() if n not in self.open]
+        open_contexts = [c.context for n, c in self.node_cells.items() if n in self.open]
+        return selected_words(closed, open_contexts)

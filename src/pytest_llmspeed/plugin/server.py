@@ -378,10 +378,13 @@ class ServerUnderTest:
 
     # -- in words --------------------------------------------------------------------------
 
-    def header(self, shown: Callable[[object], str] = for_person) -> list[str]:
+    def header(
+        self, shown: Callable[[object], str] = for_person, selected: str | None = None
+    ) -> list[str]:
         """The server line and the run's settings line; each of the server's own strings
         (model, engine, version) through ``shown``: the one gate to a person (no control
-        character, no line break, at most 200 characters), or Markdown's."""
+        character, no line break, at most 200 characters), or Markdown's. ``selected``: what
+        the session runs, in words (``Selection.words``); without it, the settings' matrix."""
         if self.info is None:
             return [f"llmspeed: endpoint {self.public_endpoint} (not probed)"]
         s = self.settings
@@ -400,8 +403,12 @@ class ServerUnderTest:
             f"llmspeed: api {s.api} ({'token-id' if self.prompt_form == 'ids' else 'text'} "
             "prompts) · "
             f"max output {s.max_output} · {self.window_words} · "
-            f"contexts {','.join(context_label(c) for c in s.contexts)} · "
-            f"concurrency {','.join(map(str, s.concurrency))}",
+            + (
+                selected
+                if selected is not None
+                else f"contexts {','.join(context_label(c) for c in s.contexts)} · "
+                f"concurrency {','.join(map(str, s.concurrency))}"
+            ),
         ]
 
     @property
