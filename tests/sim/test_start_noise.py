@@ -108,6 +108,9 @@ def test_the_factor_is_reported_by_the_running_server() -> None:
         "start_seed": 7,
         "speed": 20.0 * factor,
         "option_speed": 20.0,
+        "drift": 0.0,  # no drift, no slower part: tests/sim/test_drift.py
+        "drift_factor": 1.0,
+        "slower": {},
     }
     assert trace["start_factor"] == factor
     assert f'start_factor="{factor!r}"' in metrics

@@ -81,6 +81,13 @@ class SimOptions:
     kv_preempt: int | None = None
     #: expose vLLM's --enable-mfu-metrics counters (estimated read bytes per GPU)
     mfu_metrics: bool = False
+    #: the speed wandering over minutes, shared by every start with the same drift_seed at the
+    #: same moment (engine.Drift): within ±drift of the speed, about one swing per drift_period
+    drift: float = 0.0
+    drift_period: float = 300.0
+    drift_seed: int = 0
+    #: a second version with one factor slower: "decode:0.1" (engine.parse_slower)
+    slower: str | None = None
 
     def __post_init__(self) -> None:
         profile = get_profile(self.profile)
@@ -124,6 +131,14 @@ class SimOptions:
             )
         parse_faults(self.faults)
         parse_quirks(self.quirks)
+        if not 0 <= self.drift < 1:
+            raise ValueError(f"drift must be a fraction in [0, 1), got {self.drift}")
+        if not self.drift_period > 0:
+            raise ValueError(f"drift_period must be positive seconds, got {self.drift_period}")
+        if self.slower is not None:
+            from .engine import parse_slower  # numpy: only when asked for
+
+            parse_slower(self.slower)
 
     @property
     def effective_max_model_len(self) -> int:
@@ -166,6 +181,10 @@ _CONVERTERS: dict[str, Any] = {
     "max_num_seqs": int,
     "kv_preempt": int,
     "mfu_metrics": _flag,
+    "drift": float,
+    "drift_period": float,
+    "drift_seed": int,
+    "slower": str,
 }
 
 
@@ -295,6 +314,9 @@ def cli_args(options: SimOptions) -> list[str]:
     ]
     if options.start_noise:
         args += ["--start-noise", repr(options.start_noise)]
+    if options.drift:
+        args += ["--drift", repr(options.drift), "--drift-period", repr(options.drift_period)]
+        args += ["--drift-seed", str(options.drift_seed)]
     if options.mfu_metrics:
         args.append("--enable-mfu-metrics")
     for flag, value in (
@@ -307,6 +329,7 @@ def cli_args(options: SimOptions) -> list[str]:
         ("--accept", None if options.accept is None else repr(options.accept)),
         ("--max-num-seqs", options.max_num_seqs),
         ("--kv-preempt", options.kv_preempt),
+        ("--slower", options.slower),
     ):
         if value is not None:
             args += [flag, str(value)]

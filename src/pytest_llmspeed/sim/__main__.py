@@ -111,6 +111,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="seed of the start factor's draw (default: fresh OS entropy at each start)",
     )
     parser.add_argument(
+        "--drift",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="the speed wanders over minutes within +-FRACTION, the same for every start with "
+        "the same --drift-seed at the same moment, e.g. 0.2 (default 0)",
+    )
+    parser.add_argument(
+        "--drift-period",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="about one swing of the drift per this many seconds (default 300)",
+    )
+    parser.add_argument(
+        "--drift-seed", type=int, default=0, metavar="N", help="seed of the drift (default 0)"
+    )
+    parser.add_argument(
+        "--slower",
+        default=None,
+        metavar="PART:FRACTION",
+        help="a second version with one factor slower, every draw the same: decode, prefill "
+        "or frontend times x (1 + FRACTION), e.g. decode:0.1 (several: comma-separated)",
+    )
+    parser.add_argument(
         "--api-key",
         default=None,
         metavar="KEY",
@@ -208,6 +233,10 @@ def main(argv: list[str] | None = None) -> None:
             max_num_seqs=args.max_num_seqs,
             kv_preempt=args.kv_preempt,
             mfu_metrics=args.enable_mfu_metrics,
+            drift=args.drift,
+            drift_period=args.drift_period,
+            drift_seed=args.drift_seed,
+            slower=args.slower,
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -31,10 +31,12 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import time
 from bisect import bisect_left
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Protocol
 
 import numpy as np
@@ -332,6 +334,62 @@ def block_hashes(ids: Sequence[int], block_size: int) -> list[int]:
     return out
 
 
+#: what ``slower`` can slow, each a part of the step-time model: a step's base and decode
+#: cost, its prefill chunks, the front end's delay before a request is scheduled
+SLOWER_PARTS = ("decode", "prefill", "frontend")
+
+
+def parse_slower(text: str | None) -> dict[str, float]:
+    """``decode:0.1`` or ``decode:0.05,prefill:0.1`` → {part: fraction}: a second version of
+    the same server with one factor slower (its times × 1 + fraction; a negative fraction is
+    faster), every draw (noise, start factor, drift) the same. Raises ValueError in words."""
+    out: dict[str, float] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        part, sep, value = item.partition(":")
+        part = part.strip()
+        if part not in SLOWER_PARTS or not sep:
+            raise ValueError(
+                f"slower {item.strip()!r}: expected PART:FRACTION with PART one of "
+                f"{', '.join(SLOWER_PARTS)}, e.g. decode:0.1 (10 % slower decode steps)"
+            )
+        try:
+            fraction = float(value)
+        except ValueError:
+            raise ValueError(f"slower {item.strip()!r}: {value!r} is not a number") from None
+        if not -0.9 <= fraction <= 10 or part in out:
+            raise ValueError(f"slower {item.strip()!r}: a fraction in -0.9 … 10, each part once")
+        out[part] = fraction
+    return out
+
+
+@lru_cache(maxsize=64)
+def _drift_knot(seed: int, k: int) -> float:
+    return float(np.random.default_rng([seed, k]).uniform(-1.0, 1.0))
+
+
+@dataclass(frozen=True)
+class Drift:
+    """The server's speed wandering over minutes, as a machine's does (thermals, a neighbour,
+    the page cache): a factor of the wall clock and the seed only, so every start of every
+    simulator with the same seed sees the same factor at the same moment (drift is shared by
+    the starts within that time; start noise is not). ``factor(t) = 1 + amplitude · w(t /
+    period_s)``, w a smooth curve through values drawn uniform in [-1, 1] at each whole period
+    (cosine-interpolated): within ±amplitude, about one swing per period."""
+
+    amplitude: float
+    period_s: float = 300.0
+    seed: int = 0
+
+    def factor(self, t: float | None = None) -> float:
+        x = (time.time() if t is None else t) / self.period_s
+        k = math.floor(x)
+        a, b = _drift_knot(self.seed, k), _drift_knot(self.seed, k + 1)
+        w = a + (b - a) * (1 - math.cos(math.pi * (x - k))) / 2
+        return 1.0 + self.amplitude * w
+
+
 def start_factor(noise: float, seed: int | None = None) -> float:
     """The speed factor of one start of a server: ``exp(F·z − F²/2)``, z standard normal (mean
     1), drawn from ``numpy.random.default_rng(seed)`` — fresh OS entropy when ``seed`` is None,
@@ -379,6 +437,8 @@ class EngineCore:
         max_num_seqs: int | None = None,
         acceptance: float | None = None,
         preempt: bool = False,
+        drift: Drift | None = None,
+        slower: dict[str, float] | None = None,
     ) -> None:
         self.profile = p = profile
         self.block_size = p.block_size
@@ -387,6 +447,11 @@ class EngineCore:
         self.kv_capacity = self.num_blocks * p.block_size
         self.pool = BlockPool(self.num_blocks)
         self.speed = speed
+        self.drift = drift
+        slow = slower or {}
+        self._decode_x, self._prefill_x, self._frontend_x = (
+            1.0 + slow.get(part, 0.0) for part in SLOWER_PARTS
+        )
         self.noise = noise
         self.max_num_seqs = p.max_num_seqs if max_num_seqs is None else max_num_seqs
         self.preempt = preempt
@@ -415,7 +480,9 @@ class EngineCore:
         """Accept a request at ``now``; it reaches the scheduler after the front-end delay."""
         p = self.profile
         req.arrival = now
-        delay = (p.frontend_base_s + p.frontend_per_prompt_token_s * req.prompt_len) / self.speed
+        delay = (p.frontend_base_s + p.frontend_per_prompt_token_s * req.prompt_len) * (
+            self._frontend_x / self.speed_now()
+        )
         req.ready_at = now + delay
         req.block_hashes = block_hashes(req.prompt_ids, self.block_size)
         req.prefill_target = req.prompt_len
@@ -618,14 +685,20 @@ class EngineCore:
             + p.decode_per_seq_s * n
             + p.decode_per_seq_sq_s * n * n
             + p.decode_per_context_token_s * ctx
-        )
+        ) * self._decode_x
+        chunks = 0.0
         for req, q in prefill:
-            t += p.prefill_per_token_s * q + p.prefill_attention_s * q * (req.computed + q / 2)
+            chunks += p.prefill_per_token_s * q + p.prefill_attention_s * q * (req.computed + q / 2)
+        t += chunks * self._prefill_x
         if self.noise > 0:
             t *= math.exp(
                 self.noise * float(self.noise_rng.standard_normal()) - self.noise * self.noise / 2
             )
-        return t / self.speed
+        return t / self.speed_now()
+
+    def speed_now(self) -> float:
+        """``speed`` times the drift's factor now (exactly ``speed`` without drift)."""
+        return self.speed if self.drift is None else self.speed * self.drift.factor()
 
     # -- completing a step ----------------------------------------------------------------
 

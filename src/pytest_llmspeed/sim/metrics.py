@@ -65,6 +65,13 @@ def render_metrics(server: SimServer) -> str:
         )
         + " 1.0"
     )
+    family(
+        "llmspeed_sim_drift_factor",
+        "gauge",
+        "llmspeed-sim: the drift's speed factor now (1 without drift)",
+    )
+    drift = server.core.drift
+    out.append(f"llmspeed_sim_drift_factor {drift.factor() if drift is not None else 1.0!r}")
     family("llmspeed_sim_steps_total", "counter", "llmspeed-sim: engine steps run")
     out.append(f"llmspeed_sim_steps_total {float(server.steps)!r}")
     family(

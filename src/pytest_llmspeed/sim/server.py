@@ -22,7 +22,7 @@ import numpy as np
 from aiohttp import web
 
 from . import SimOptions, parse_quirks
-from .engine import EngineCore, SimRequest, start_factor
+from .engine import Drift, EngineCore, SimRequest, parse_slower, start_factor
 from .faults import FaultSpec, parse_faults
 from .profiles import Profile, get_profile
 from .tokenizer import BYTE_BASE, Tokenizer
@@ -408,6 +408,10 @@ class SimServer:
             max_num_seqs=options.max_num_seqs,
             acceptance=options.accept,
             preempt=options.kv_preempt is not None,
+            drift=Drift(options.drift, options.drift_period, options.drift_seed)
+            if options.drift
+            else None,
+            slower=parse_slower(options.slower),
         )
         self.trace: deque[Stream | Rejected] = deque(maxlen=TRACE_LIMIT)
         self.active: set[Stream] = set()
@@ -955,6 +959,9 @@ class SimServer:
             "start_seed": opts.start_seed,
             "speed": self.speed,
             "option_speed": opts.speed,
+            "drift": opts.drift,
+            "drift_factor": self.core.drift.factor() if self.core.drift is not None else 1.0,
+            "slower": parse_slower(opts.slower),
         }
 
     async def info(self, request: web.Request) -> web.Response:
