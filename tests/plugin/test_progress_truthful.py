@@ -169,7 +169,7 @@ def test_counters_stay_right_under_reruns(pytester, results_doc):
 BROKEN_FIXTURE = """
 import pytest
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # before llm_prefix (same scope, named first)
 def dataset():
     raise RuntimeError("dataset missing")
 
@@ -204,3 +204,32 @@ def test_a_setup_error_is_an_error_everywhere(pytester, results_doc):
     case = next(c for suite in JUnitXml.fromfile(str(pytester.path / "out.xml")) for c in suite)
     props = {p.get("name"): p.get("value") for p in case._elem.iter("property")}
     assert props["status"] == "error"
+
+
+SETUP_FAILS_FIRST = """
+import pytest
+
+@pytest.fixture(scope="session")  # before llm_prefix (same scope, named first)
+def dataset():
+    raise RuntimeError("dataset missing")
+
+@pytest.mark.parametrize("llm_prefix", ["1K"], indirect=True)
+def test_a_needs_data(dataset, llm_prefix, llm_cell):
+    llm_cell.decode(llm_prefix, 1)
+
+@pytest.mark.parametrize("llm_prefix", ["1K"], indirect=True)
+def test_b_runs(llm_prefix, llm_cell):
+    llm_cell.decode(llm_prefix, 2)
+"""
+
+
+def test_a_setup_error_before_the_warm_up_leaves_the_prefill_figure_to_it(pytester, results_doc):
+    """A test of yours whose own fixture fails records its cell as an error; the warm-up of the
+    same context by the next test still gives the prefill cell its figures."""
+    pytester.makepyfile(test_speed=SETUP_FAILS_FIRST)
+    result = pytester.runpytest(f"--llm-endpoint={TINY}", *SHORT, "--llm-results=out.json")
+    result.assert_outcomes(passed=1, errors=1)
+    cells = results_doc("out.json")["by_id"]
+    assert cells["prefill[1K]"]["status"] == "valid", cells["prefill[1K]"]
+    assert cells["prefill[1K]"]["prompt_tok_s"] > 0
+    assert cells["decode[1K-c2]"]["status"] == "valid"
