@@ -5,7 +5,8 @@ the two cells' protocol, statistics, matrix arithmetic, the benchmark driver), `
 baseline file and the verdicts), ``results`` (the typed records every output reads), ``report``
 (terminal, Markdown, JUnit), ``plugin`` (the thin pytest layer) and ``sim`` (the simulator).
 Only ``plugin`` imports pytest. The names below are the public surface; they are imported
-lazily, so ``import pytest_llmspeed`` stays light.
+lazily, so ``import pytest_llmspeed`` stays light. A script drives cells with ``Bench`` and
+``BenchConfig`` (README, "Drive the core from a script").
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 __all__ = [
+    "Bench",
+    "BenchConfig",
     "CellId",
     "CellRecord",
     "CellRunner",
@@ -28,6 +31,8 @@ __all__ = [
 ]
 
 _WHERE = {
+    "Bench": "core.bench",
+    "BenchConfig": "core.bench",
     "CellId": "results",
     "CellRecord": "results",
     "Results": "results",
@@ -40,6 +45,7 @@ _WHERE = {
 }
 
 if TYPE_CHECKING:
+    from .core.bench import Bench, BenchConfig
     from .core.probe import ServerInfo
     from .plugin.fixtures import CellRunner, WarmPrefix
     from .results import CellId, CellRecord, Results, RunInfo, Status, load

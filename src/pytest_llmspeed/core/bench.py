@@ -7,12 +7,15 @@ No pytest import here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from ..results import CellId, CellRecord
 from .bandwidth import MemoryModel
@@ -143,11 +146,50 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         self.api_key = secret(self.api_key)  # a plain string from a script: a Secret too
+        _check_addresses(self)
+
+
+def is_sim_spec(url: str) -> bool:
+    """``sim`` or ``sim:PROFILE?key=value&...``: the built-in simulator, started by
+    :meth:`Bench.start`."""
+    return url == "sim" or url.startswith("sim:")
+
+
+def _check_addresses(cfg: BenchConfig) -> None:
+    """A ValueError, in one line, for an address the client cannot use: raised when the
+    config is made, before anything is opened."""
+    if is_sim_spec(cfg.base_url):
+        from ..sim import parse_sim_spec  # light: the server is imported when it starts
+
+        parse_sim_spec(cfg.base_url)  # a bad profile or option, named
+        if cfg.endpoints:
+            raise ValueError(
+                f"BenchConfig: base_url {cfg.base_url!r} is the built-in simulator, one "
+                "endpoint: leave endpoints out (simulated replicas: 'sim:PROFILE?replicas=2')"
+            )
+        return
+    named = [("base_url", cfg.base_url)]
+    named += [("endpoints", u) for u in cfg.endpoints]
+    named += [("metrics_urls", u) for u in cfg.metrics_urls]
+    for name, url in named:
+        try:
+            parts = urlsplit(url)
+            usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+        except ValueError:
+            usable = False
+        if not usable:
+            raise ValueError(
+                f"BenchConfig: {name} {url!r} is not an http(s) URL: give the server's, "
+                "e.g. http://127.0.0.1:8000, or 'sim' / 'sim:PROFILE?speed=10' to start "
+                "the built-in simulator"
+            )
 
 
 @dataclass
 class Bench:
-    """Owns one event loop (``asyncio.Runner``) and one aiohttp session for the whole run."""
+    """Owns one event loop (``asyncio.Runner``) and one aiohttp session for the whole run;
+    for a ``sim`` spec, the simulator too. A context manager: ``with Bench(config) as
+    bench:`` closes it at the end (:meth:`close`)."""
 
     config: BenchConfig
     runner: asyncio.Runner = field(default_factory=asyncio.Runner)
@@ -157,6 +199,10 @@ class Bench:
     factory: PromptFactory | None = None
     dialect: Dialect | None = None
     prefills: dict[int, PrefillResult] = field(default_factory=dict)
+    #: the simulator's base URLs, one per replica, while it runs (a sim spec as base_url)
+    sim_urls: tuple[str, ...] = field(default=(), init=False)
+    #: the simulator's processes, when the base URL is a sim spec (stopped by close())
+    _simulators: contextlib.ExitStack | None = field(default=None, init=False, repr=False)
     _auto: int = 1  # with client_processes AUTO: the processes the next decode cell uses
     #: when the runs of the cell now measured must stop (a caller's time limit), else None
     deadline: Deadline | None = None
@@ -177,10 +223,33 @@ class Bench:
         return result
 
     def start(self) -> ServerInfo:
-        """Connect, probe the server and negotiate the request dialect."""
-        self.run(self._start())
+        """Connect, probe the server and negotiate the request dialect. A ``sim`` spec as
+        the base URL starts the built-in simulator first, each replica a child process
+        (``running_simulator_processes``). Raises LLMSpeedError; what it opened (the
+        connection, the simulator) is closed again then."""
+        try:
+            self.sim_urls = self._simulator()
+            self.run(self._start())
+        except BaseException:
+            self._release()
+            raise
         assert self.server is not None
         return self.server
+
+    def _simulator(self) -> tuple[str, ...]:
+        """For a ``sim`` spec as the base URL: start the simulator, return its base URLs;
+        else nothing."""
+        cfg = self.config
+        if not is_sim_spec(cfg.base_url):
+            return ()
+        from ..sim import parse_sim_spec, running_simulator_processes
+
+        self._simulators = contextlib.ExitStack()
+        simulators = running_simulator_processes(parse_sim_spec(cfg.base_url))
+        try:
+            return tuple(self._simulators.enter_context(simulators))
+        except RuntimeError as exc:  # it did not start: its last lines of stderr
+            raise LLMSpeedError(str(exc)) from None
 
     async def _start(self) -> None:
         cfg = self.config
@@ -190,13 +259,16 @@ class Bench:
                 conn, cfg.model, cfg.kv_capacity, cfg.kv_capacity_source, cfg.max_model_len
             )
 
-        if len(cfg.endpoints) > 1 or cfg.metrics_urls:
-            urls = cfg.endpoints or (cfg.base_url,)
+        sim = self.sim_urls  # the simulator's, when the base URL is a sim spec
+        base_url = sim[0] if sim else cfg.base_url
+        endpoints = sim if len(sim) > 1 else cfg.endpoints
+        if len(endpoints) > 1 or cfg.metrics_urls:
+            urls = endpoints or (base_url,)
             self.replicas = ReplicaSet.open(urls, cfg.api_key, cfg.timeout, cfg.metrics_urls)
             self.conn = self.replicas.primary
             self.server = await probe_replicas(self.replicas, ask, cfg.kv_capacity is not None)
         else:
-            self.conn = Connection.open(cfg.base_url, cfg.api_key, cfg.timeout)
+            self.conn = Connection.open(base_url, cfg.api_key, cfg.timeout)
             self.server = await ask(self.conn)
         self.factory = PromptFactory(
             self.conn, self.server.model, api=cfg.api, text=cfg.text_prompts
@@ -204,10 +276,34 @@ class Bench:
         self.dialect = await negotiate(self.conn, self.factory, self.server.model, cfg.api)
 
     def close(self) -> None:
-        if self.conn is not None:
-            self.run(self.conn.close())
-            self.conn = None
-        self.runner.close()
+        """Close the connection, stop the simulator this bench started, end the event
+        loop. Once is enough; again does nothing."""
+        try:
+            self._release()
+        finally:
+            self.runner.close()
+
+    def _release(self) -> None:
+        """Close the connection and stop the simulator, each once; the loop stays."""
+        try:
+            if self.conn is not None:
+                conn, self.conn = self.conn, None
+                self.run(conn.close())
+        finally:
+            if self._simulators is not None:
+                simulators, self._simulators = self._simulators, None
+                simulators.close()
+
+    def __enter__(self) -> Bench:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
     @property
     def limits(self) -> Limits:
