@@ -106,7 +106,13 @@ OPTIONS: tuple[Option, ...] = (
         "requests kept in flight in decode cells, e.g. 1,2,4,8",
         default=DEFAULT_CONCURRENCY,
     ),
-    Option("duration", "seconds of each decode cell's measurement window", default="30"),
+    Option(
+        "duration",
+        "seconds of each decode cell's measurement window (on a terminal, a live line shows it "
+        "as it runs; not with -q, nor where TERM=dumb). Under pytest-timeout (--timeout, "
+        "PYTEST_TIMEOUT, the timeout marker) a cell past its test's limit is cut",
+        default="30",
+    ),
     Option(
         "precision",
         "end a decode cell's window early once the 95 % interval of its total tok/s is within "
@@ -145,7 +151,12 @@ OPTIONS: tuple[Option, ...] = (
         "the server's max_model_len in tokens, for servers that do not report it (default: "
         "read from /v1/models, else from /tokenize)",
     ),
-    Option("results", "write JSON results to this path, rewritten after every cell"),
+    Option(
+        "results",
+        "write JSON results to this path, rewritten after every cell. Where "
+        "GITHUB_STEP_SUMMARY names a file (GitHub Actions), the run's summary is also added "
+        "to it, results file or not",
+    ),
     *(Option(o.key, f"write {o.help} to this path, rewritten after every cell") for o in OUTPUTS),
     Option(
         "compare",
@@ -329,7 +340,9 @@ def add_options(parser: pytest.Parser) -> None:
         extra = f" [env: {', '.join(opt.env)}]" if opt.env else ""
         default = f" (default: {opt.default})" if opt.default else ""
         if opt.repeat:
-            group.addoption(opt.flag, dest=opt.dest, action="append", default=None, help=opt.help)
+            group.addoption(
+                opt.flag, dest=opt.dest, action="append", default=None, help=opt.help + extra
+            )
             parser.addini(opt.ini, help=opt.help.replace("%%", "%"), type="linelist", default=[])
             continue
         if opt.switch:
