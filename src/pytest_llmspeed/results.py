@@ -35,18 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from . import figures
+from .contexts import LIMIT, MAX, K, context_label, display_label
 from .figures import Gate
 
 SCHEMA = "pytest-llmspeed/results/v1"
 _SCHEMA_RE = re.compile(r"^pytest-llmspeed/results/v(\d+)$")
 #: major versions this reader understands
 READABLE_VERSIONS = (1,)
-
-K = 1024
-MAX = "max"
-#: a prefill context: the largest prompt the server accepts with one output token
-#: (max_model_len − 1), the model's own limit
-LIMIT = "limit"
 
 __all__ = [
     "LIMIT",
@@ -124,24 +119,6 @@ class Outcome(Enum):
 
 
 # -- contexts and cell ids ---------------------------------------------------------------------
-
-
-def context_label(context: int | str) -> str:
-    """Readable label: 8192 → ``8K``, 1500 → ``1500``, ``max`` stays ``max``."""
-    if isinstance(context, str):
-        return context
-    if context % K == 0:
-        return f"{context // K}K"
-    return str(context)
-
-
-def display_label(tokens: int) -> str:
-    """Label for a resolved length in tables: exact K multiples as ``8K``, others from 10K up
-    to the nearest K (``limit`` at max_model_len 262,144 is 262,143 tokens: ``256K``, as the
-    reference page writes it), below that the tokens."""
-    if tokens % K == 0 or tokens >= 10 * K:
-        return f"{round(tokens / K)}K"
-    return f"{tokens:,}"
 
 
 def _parse_label(label: str) -> int | str:

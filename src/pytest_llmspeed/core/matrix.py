@@ -5,8 +5,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ..results import LIMIT, MAX, K, Status, context_label, display_label
+from ..contexts import LIMIT, MAX, K, context_label, display_label
+
+if TYPE_CHECKING:  # the results model is imported when a cell is skipped, not when options are read
+    from ..results import Status
 
 __all__ = [
     "LIMIT",
@@ -124,6 +128,8 @@ class Skip:
 
 def exceeds_max_model_len(context: int, max_output: int, limits: Limits) -> Skip | None:
     """Skip when C + M > max_model_len, else ``None``."""
+    from ..results import Status
+
     if limits.max_model_len is None or context + max_output <= limits.max_model_len:
         return None
     return Skip(
@@ -137,6 +143,8 @@ def over_capacity(context: int, concurrency: int, max_output: int, limits: Limit
     """Skip when N × (C + M) > KV capacity, else ``None``. Over several replicas, when
     ceil(N / replicas) × (C + M) > the KV capacity of one replica (the smallest): the streams
     are spread evenly, so the busiest replica holds ceil(N / replicas) of them."""
+    from ..results import Status
+
     if limits.kv_capacity is None:
         return None
     per = math.ceil(concurrency / limits.replicas)  # streams on the busiest replica

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, NoReturn
 
 import pytest
 
-from ..results import CellId, CellRecord, Status, context_label
 from .stash import RUN_KEY
 
 if TYPE_CHECKING:
     from ..core.bench import Bench
     from ..core.probe import ServerInfo
     from ..core.protocol import DecodeResult, PrefillResult
+    from ..results import CellId, CellRecord, Status
     from .session import LLMSpeedRun
 
 
@@ -51,6 +51,8 @@ class WarmPrefix:
 
     @property
     def label(self) -> str:
+        from ..results import context_label
+
         return context_label(self.param)
 
 
@@ -156,6 +158,7 @@ class CellRunner:
     def prefill(self, prefix: WarmPrefix) -> CellRecord:
         """The prefill cell's record (measured when the prefix was warmed), gated."""
         from ..core.records import prefill_record
+        from ..results import CellId
 
         if self.run.progress is not None:  # the progress lines name the cell that runs
             self.run.progress.announce(CellId.prefill(prefix.param))
@@ -171,6 +174,8 @@ class CellRunner:
     def decode(self, prefix: WarmPrefix, concurrency: int) -> CellRecord:
         """Run the sustained-decode cell (prefix context, concurrency); fail on errors or on a
         confirmed miss of the baseline."""
+        from ..results import CellId, Status
+
         cid = CellId.decode(prefix.param, concurrency)
         if self.run.progress is not None:  # the progress lines name the cell that runs
             self.run.progress.announce(cid)

@@ -47,12 +47,12 @@ from typing import TYPE_CHECKING
 import pytest
 
 from ..core.text import printable
-from ..results import CellId, CellRecord, Phase, Status
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator
 
     from ..core.protocol import DecodeTick
+    from ..results import CellId, CellRecord
 
 #: overhead of a decode cell beyond its window before one was measured (seconds)
 FIRST_GUESS_OVERHEAD_S = 2.0
@@ -130,6 +130,8 @@ class Progress:
 
     def left_s(self) -> float:
         """Seconds the remaining cells will take, by what the run has measured so far."""
+        from ..results import Phase
+
         overhead = (
             sum(self.overheads) / len(self.overheads) if self.overheads else FIRST_GUESS_OVERHEAD_S
         )
@@ -151,6 +153,8 @@ class Progress:
         """The line a cell starts with (the test begun with :meth:`begin`). ``warmup``: the
         cold prefill that warms the context of a test that names its cell when it runs (a
         decode window is likely to follow); ``measured``: a prefill cell measured before."""
+        from ..results import Phase
+
         self._cell_started = time.monotonic()
         up_to = "≤" if self.early_end else ""
         if cid.phase is Phase.DECODE:
@@ -184,6 +188,8 @@ class Progress:
         )
 
     def end_line(self, cid: CellId, record: CellRecord | None, warmup: bool = False) -> str:
+        from ..results import Phase, Status
+
         took = time.monotonic() - self._cell_started
         self.warmed.add(cid.label)
         head = self.name(cid, warmup)
@@ -356,6 +362,8 @@ class ProgressReporter:
         """The running test's runner starts ``cid``: the line of the cell shown so far is
         ended (a warm-up, or a cell the test did not run after all) and ``cid``'s begun, under
         the same number. The cell already shown (the built-in suite's): nothing to say."""
+        from ..results import Phase
+
         if cid == self._cell:
             self._warmup = False  # the warm-up is the test's own prefill cell
             return
@@ -448,6 +456,8 @@ class ProgressReporter:
             reporter = self.config.pluginmanager.get_plugin("terminalreporter")
             if self._fspath is not None and reporter is not None:
                 reporter.showfspath, self._fspath = self._fspath, None
+            from ..results import Status
+
             quiet = self.config.get_verbosity() <= 0  # pytest's F left out of the log
             if quiet and self._outcome and (record is None or record.status is Status.VALID):
                 line += f" · test {self._outcome}"

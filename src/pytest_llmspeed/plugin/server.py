@@ -14,10 +14,10 @@ import time
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
+from ..contexts import LIMIT, MAX
 from ..core.errors import LLMSpeedError, redact
 from ..core.matrix import Skip, context_label, decode_skip, exceeds_max_model_len
 from ..core.text import for_person, printable
-from ..results import LIMIT, MAX, CellId, Status
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ..core.prompts import PromptFactory
     from ..core.protocol import DecodeResult, DecodeTick, PrefillResult
     from ..core.wire import Dialect
+    from ..results import CellId
     from .settings import Settings
 
 
@@ -333,6 +334,8 @@ class ServerUnderTest:
 
     def skip(self, cid: CellId) -> Skip | None:
         """Why a cell cannot run on this server (known after the probe), else None."""
+        from ..results import Status
+
         if self.bench is None or self.info is None:
             return None
         limits = self.bench.limits

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..core.errors import LLMSpeedError
-from ..results import CellId
 from .gating import GateSession
 from .selection import Selection
 from .server import ServerUnderTest, public_url
@@ -24,6 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..core.protocol import DecodeResult, DecodeTick, PrefillResult
+    from ..results import CellId
     from .progress import Progress
     from .settings import Settings
 
@@ -98,6 +98,7 @@ class LLMSpeedRun:
     def warm(self, context: int | str) -> tuple[int, PrefillResult]:
         """The prefill cell at ``context``: the cold request that warms the shared prefix."""
         from ..core.records import prefill_record
+        from ..results import CellId
 
         tokens, result, first = self.server.warm(context)
         # after a restart the server is warmed again; the prefill cell keeps its figure. One

@@ -11,14 +11,15 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import pytest
 
-from ..core.matrix import MatrixError, parse_concurrency, parse_contexts
-from ..core.text import Secret, redact_known, register, secret
 from ..report.outputs import OUTPUTS, Output
+
+if TYPE_CHECKING:  # the rest is imported when the settings are read: an endpoint was given
+    from ..core.text import Secret
 
 DEFAULT_CONTEXTS = "8K,16K,32K,64K,128K,max"
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128"
@@ -413,11 +414,15 @@ def endpoint_of(config: pytest.Config) -> str | None:
 
 
 def _bad(source: str, value: str, why: str) -> pytest.UsageError:
+    from ..core.text import redact_known
+
     return pytest.UsageError(redact_known(f"{source}={value!r}: {why}"))
 
 
 def load(config: pytest.Config) -> Settings:
     """Validate every option; a bad value raises ``pytest.UsageError`` naming it."""
+    from ..core.matrix import MatrixError
+
     values: dict[str, Any] = {}
     for opt in OPTIONS:
         key = opt.dest[4:]
@@ -577,11 +582,11 @@ def _derive_endpoint(config: pytest.Config, values: dict[str, Any]) -> None:
 def _meta(items: list[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     """``KEY=VALUE`` items → pairs (quotes around a value dropped; secrets redacted; the sizes
     the bandwidth bound reads checked)."""
-    from ..core.bandwidth import check_meta
-    from ..core.errors import redact_secrets
-
     out: dict[str, str] = {}
     for item, source in items:
+        from ..core.bandwidth import check_meta  # imported only when there is meta
+        from ..core.errors import redact_secrets
+
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise _bad(source, item, 'give KEY=VALUE, e.g. hardware="H200 NVL"')
@@ -612,6 +617,9 @@ def unwritable(path: str) -> str | None:
 
 
 def _convert(key: str, value: str) -> Any:
+    from ..core.matrix import parse_concurrency, parse_contexts
+    from ..core.text import register, secret
+
     if key in ("contexts", "prefill_contexts"):
         return tuple(parse_contexts(value, prefill=key == "prefill_contexts"))
     if key == "concurrency":

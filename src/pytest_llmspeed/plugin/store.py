@@ -16,10 +16,10 @@ import pytest
 
 from .. import __version__
 from ..core.text import printable, redact_known
-from ..results import CellRecord, Phase, Results, RunInfo
 
 if TYPE_CHECKING:
     from ..report.compare import Comparison
+    from ..results import CellRecord, Results, RunInfo
     from .server import ServerUnderTest
     from .settings import Settings
 
@@ -50,6 +50,8 @@ class CellStore:
         its verdict against --llm-slo) and rewrite the files; the record kept."""
         factory = self._server.factory
         self.note(*(factory.notes if factory else ()))
+        from ..results import Phase
+
         if self.settings.slo and rec.id.phase is Phase.DECODE:
             from ..gate.slo import judge
 
@@ -61,6 +63,8 @@ class CellStore:
 
     def run_info(self) -> RunInfo:
         """What this run is, as the results model records it."""
+        from ..results import RunInfo
+
         server, s = self._server, self.settings
         info, dialect, factory = server.info, server.dialect, server.factory
         return RunInfo(
@@ -100,6 +104,8 @@ class CellStore:
         return {k: c.to_dict() for k, c in found.items()}
 
     def results(self) -> Results:
+        from ..results import Results
+
         return Results(self.run_info(), tuple(self.cells.values()))
 
     def write(self) -> None:
