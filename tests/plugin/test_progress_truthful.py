@@ -76,7 +76,9 @@ def test_a_decode_test_of_yours_shows_its_decode_cell_and_figure(pytester, resul
         "decode[4K-c8]": "valid",
         "decode[4K-c2]": "valid",
     }
-    shown = float(re.search(r"decode\[4K-c8\]: ([\d,.]+) tok/s", end)[1].replace(",", ""))
+    found = re.search(r"decode\[4K-c8\]: ([\d,.]+) tok/s", end)
+    assert found is not None, end
+    shown = float(found[1].replace(",", ""))
     assert shown == pytest.approx(cells["decode[4K-c8]"]["total_tok_s"], abs=0.06)
 
     # -v: pytest's line for the test between the cell's start and end lines
@@ -93,7 +95,11 @@ def test_a_decode_test_of_yours_shows_its_decode_cell_and_figure(pytester, resul
 @pytest.mark.slow
 def test_the_header_names_the_selected_cells(pytester):
     # every decode cell over capacity: nothing to wait for, the header is the point
-    args = (f"--llm-endpoint={TINY}", "--llm-contexts=1K,4K", "--llm-concurrency=1,4")
+    args: tuple[str, ...] = (
+        f"--llm-endpoint={TINY}",
+        "--llm-contexts=1K,4K",
+        "--llm-concurrency=1,4",
+    )
     args += ("--llm-kv-capacity=100", *SHORT)
     grid = pytester.runpytest(*args, "-k", "test_decode and 1K")
     grid.assert_outcomes(skipped=2, deselected=4)

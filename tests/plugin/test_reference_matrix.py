@@ -44,7 +44,7 @@ def _run(pytester, *extra, results="out.json", duration=3, repeats=6):
 
 def _misses(cells, only=None):
     """(ctx, n or None for prefill, message) for each figure off the reference x 10."""
-    out = []
+    out: list[tuple[str, int | None, str]] = []
     for ctx, label in LABEL.items():
         for n, ref in zip(reference.CONCURRENCY, reference.REF_DECODE[label], strict=True):
             if only is not None and (ctx, n) not in only:

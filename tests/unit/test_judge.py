@@ -68,7 +68,8 @@ def test_abba_cancels_a_drift_linear_within_a_block():
     rate = 0.01  # the machine slows 1 % a round, whatever runs
     ratio = 0.93  # new is 7 % slower
     order = ["A", "B", "B", "A"] * 3
-    old, new = [], []
+    old: list[float] = []
+    new: list[float] = []
     for t, arm in enumerate(order):
         speed = 1000.0 * math.exp(-rate * t)
         (old if arm == "A" else new).append(speed * (ratio if arm == "B" else 1.0))
@@ -94,7 +95,8 @@ def _ab(rng: random.Random, ratio: float, blocks: int, noise: float, period: flo
     differ by ``noise``: each arm's figures in ABBA order."""
     knots = [rng.uniform(-1.0, 1.0) for _ in range(int(4 * blocks / period) + 2)]
     phase = rng.uniform(0.0, 1.0)
-    old, new = [], []
+    old: list[float] = []
+    new: list[float] = []
     for t, arm in enumerate(["A", "B", "B", "A"] * blocks):
         x = t / period + phase
         k = math.floor(x)
