@@ -239,6 +239,45 @@ OPTIONS: tuple[Option, ...] = (
         choices=("fail", "warn"),
     ),
     Option(
+        "serve-baseline",
+        "the old version's server command, for an A/B against --llm-serve (the new one): the "
+        "plugin starts old and new alternately, each round (the selected cells) on a fresh "
+        "start, in ABBA order, and judges each cell regressed, improved, same or unknown from "
+        "the paired changes (docs/gate.md)",
+    ),
+    Option(
+        "endpoint-baseline",
+        "the old version's URL, for an A/B against --llm-endpoint between two servers the "
+        "plugin does not start: rounds alternate between them with no restarts (the spread "
+        "between starts is then unknown, and two machines differ: docs/gate.md)",
+    ),
+    Option(
+        "ab-rounds",
+        "the most rounds of an A/B (a round: the selected cells on one start), in blocks of "
+        "four (old, new, new, old); the first two blocks always run, later ones only for the "
+        "cells still unknown",
+        default="16",
+    ),
+    Option(
+        "tolerance",
+        "the change an A/B's verdicts tolerate, as a percentage or a fraction (5% or 0.05): a "
+        "cell is regressed when worse by more beyond the noise, same when shown within it",
+        default="5%",
+    ),
+    Option(
+        "budget",
+        "the most time spent measuring again, as seconds or with a unit (900, 90s, 10m, 1h): "
+        "an A/B's rounds after its first two blocks, the baseline gate's confirmations; the "
+        "unknown and missing cells first",
+    ),
+    Option(
+        "unknown",
+        "what a cell too noisy to judge does to the exit status: warn (the run passes and "
+        "says which cells, and how many more measurements would decide them) or fail",
+        default="warn",
+        choices=("warn", "fail"),
+    ),
+    Option(
         "builtin-suite",
         "run the built-in matrix: auto (when asked for: -m decode/prefill/llmspeed, "
         "--llm-endpoint on the command line, or no test collected; never when your own tests use "
@@ -290,6 +329,14 @@ class Settings:
     builtin_suite: str = "auto"
     notes: tuple[str, ...] = ()  # what the settings decided that the user should know
     serve_plan: Any = None  # core.launch.ServeCommand when --llm-serve was given
+    #: the A/B (issue 31): the old version's command and its plan, or its endpoint
+    serve_baseline: str | None = field(default=None, repr=False)  # as given: secrets included
+    serve_baseline_plan: Any = None
+    endpoint_baseline: str | None = None
+    ab_rounds: int = 16
+    tolerance: float = 0.05
+    budget: float | None = None  # seconds
+    unknown: str = "warn"
 
     @property
     def is_sim(self) -> bool:
@@ -324,7 +371,22 @@ class Settings:
             "runs": self.runs,
             "baseline_missing": self.baseline_missing,
             "api_key": "<redacted>" if self.api_key else None,
+            "ab": self.ab_kind,
+            "ab_rounds": self.ab_rounds if self.ab_kind else None,
+            "tolerance": self.tolerance if self.ab_kind else None,
+            "budget_s": self.budget,
+            "unknown": self.unknown,
         }
+
+    @property
+    def ab_kind(self) -> str | None:
+        """``serve`` (old and new started by the plugin), ``endpoints`` (two servers it does
+        not start), or None: no A/B."""
+        if self.serve_baseline is not None:
+            return "serve"
+        if self.endpoint_baseline is not None:
+            return "endpoints"
+        return None
 
 
 def slo_text(bounds: tuple[Any, ...]) -> str:
@@ -339,7 +401,7 @@ def add_options(parser: pytest.Parser) -> None:
         # argparse formats help with %: a literal one is %%
         opt = dataclasses.replace(opt, help=opt.help.replace("%", "%%"))
         extra = f" [env: {', '.join(opt.env)}]" if opt.env else ""
-        default = f" (default: {opt.default})" if opt.default else ""
+        default = f" (default: {opt.default})".replace("%", "%%") if opt.default else ""
         if opt.repeat:
             group.addoption(
                 opt.flag, dest=opt.dest, action="append", default=None, help=opt.help + extra
@@ -357,7 +419,7 @@ def add_options(parser: pytest.Parser) -> None:
             )
         else:
             group.addoption(opt.flag, dest=opt.dest, default=None, help=opt.help + default + extra)
-        parser.addini(opt.ini, help=opt.help.replace("%%", "%") + default, default=None)
+        parser.addini(opt.ini, help=(opt.help + default).replace("%%", "%"), default=None)
 
 
 def raw_values(config: pytest.Config, opt: Option) -> list[tuple[str, str]]:
@@ -482,8 +544,15 @@ def load(config: pytest.Config) -> Settings:
                 "restart it between runs; against a server you start, run the same command "
                 "once per start with --llm-save-baseline",
             )
+    _check_ab(config, values)
     if values["prefill_repeats"] is None:
-        gate = values["baseline"] or values["save_baseline"] or (values["runs"] or 1) > 1
+        gate = (
+            values["baseline"]
+            or values["save_baseline"]
+            or (values["runs"] or 1) > 1
+            or values["serve_baseline"] is not None
+            or values["endpoint_baseline"] is not None
+        )
         values["prefill_repeats"] = GATED_PREFILL_REPEATS if gate else 1
     if values["prefill_contexts"] is None:
         values["prefill_contexts"] = values["contexts"]
@@ -579,6 +648,78 @@ def _derive_endpoint(config: pytest.Config, values: dict[str, Any]) -> None:
     values["serve_plan"] = command
 
 
+def _check_ab(config: pytest.Config, values: dict[str, Any]) -> None:
+    """The A/B's options make sense together: the old command beside --llm-serve, or the old
+    endpoint beside one --llm-endpoint; no stored baseline, no --llm-runs."""
+    from ..core.launch import LaunchError, plan
+
+    old_serve, old_url = values["serve_baseline"], values["endpoint_baseline"]
+    if old_serve is None and old_url is None:
+        return
+    name = "serve-baseline" if old_serve is not None else "endpoint-baseline"
+    opt = next(o for o in OPTIONS if o.name == name)
+    given, source = raw_value(config, opt)
+    assert given is not None
+
+    def bad(why: str) -> pytest.UsageError:
+        return _bad(source, given, why)
+
+    if old_serve is not None and old_url is not None:
+        raise bad("give the old version once: its command or its endpoint, not both")
+    for other in ("baseline", "save_baseline"):
+        if values[other] is not None:
+            flag = "--llm-" + other.replace("_", "-")
+            raise bad(
+                f"an A/B measures old and new now, alternately: it cannot go with {flag} "
+                "(a baseline measured some other time); drop one of the two"
+            )
+    if (values["runs"] or 1) > 1:
+        raise bad("an A/B runs its own rounds: drop --llm-runs")
+    if old_serve is not None:
+        if values["serve"] is None:
+            raise bad("needs --llm-serve=NEW_COMMAND: the new version's command, to alternate with")
+        try:
+            values["serve_baseline_plan"] = plan(old_serve)
+        except LaunchError as exc:
+            raise bad(exc.message) from None
+    else:
+        url = old_url.rstrip("/").removesuffix("/v1")
+        if not url.startswith(("http://", "https://")):
+            raise bad("use a URL such as http://127.0.0.1:8001: the old version's server")
+        if values["serve"] is not None or values["endpoint"] is None:
+            raise bad(
+                "needs --llm-endpoint=URL (the new version's server, one the plugin does not "
+                "start); to start both, give --llm-serve and --llm-serve-baseline"
+            )
+        if values.get("endpoints") or values["endpoint"].startswith("sim"):
+            raise bad("needs one --llm-endpoint URL (not replicas, not the simulator)")
+        if url == values["endpoint"]:
+            raise bad("is the same server as --llm-endpoint: give the old version's URL")
+        values["endpoint_baseline"] = url
+    if (values["ab_rounds"] or 16) < 8:
+        opt = next(o for o in OPTIONS if o.name == "ab-rounds")
+        raise _bad(
+            raw_value(config, opt)[1],
+            str(values["ab_rounds"]),
+            "an A/B needs at least 8 rounds (two blocks of old, new, new, old): the spread "
+            "of one block's change is not known",
+        )
+
+
+def parse_duration(value: str) -> float:
+    """``900``, ``90s``, ``10m``, ``1h``, ``1.5h`` → seconds (positive, finite)."""
+    text = value.strip().lower()
+    why = "give seconds, or a number with a unit: 900, 90s, 10m, 1h"
+    scale = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    factor = 1.0
+    if text and text[-1] in scale:
+        text, factor = text[:-1].strip(), scale[text[-1]]
+    number = _float(text, why) * factor
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"must be a positive duration: {why}")
+    return number
+
+
 def _meta(items: list[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     """``KEY=VALUE`` items → pairs (quotes around a value dropped; secrets redacted; the sizes
     the bandwidth bound reads checked)."""
@@ -658,6 +799,25 @@ def _convert(key: str, value: str) -> Any:
         if not value.strip().isdigit() or int(value) < 1:
             raise ValueError("must be a whole number of runs ≥ 1")
         return int(value)
+    if key == "ab_rounds":
+        if not value.strip().isdigit() or int(value) < 1:
+            raise ValueError("must be a whole number of rounds (8 or more)")
+        return int(value)
+    if key == "tolerance":
+        text = value.strip()
+        why = "give a percentage or a fraction, e.g. 5% or 0.05"
+        number = _float(text[:-1], why) / 100 if text.endswith("%") else _float(text, why)
+        if not (math.isfinite(number) and 0 < number < 1):
+            raise ValueError(f"must be above 0 and below 100 %: {why}")
+        return number
+    if key == "budget":
+        return parse_duration(value)
+    if key == "serve_baseline":
+        from ..core.errors import secret_values
+
+        for found in secret_values(value):  # the command's own keys and tokens
+            register(found)
+        return value
     if key == "confirm":
         if not value.strip().isdigit():
             raise ValueError("must be a whole number of extra measurements (0, 1, 2, ...)")
