@@ -84,6 +84,8 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     run = _run(session.config)
     if _is_xdist_worker(session.config) and session.shouldstop:
         return True  # refused (pytest_collection_finish): the controller says why, once
+    if run is not None and run.ab is not None and run.server.started:
+        return _ab_loop(session, run)
     if run is None or run.settings.runs < 2 or not run.server.started:
         return None
     if session.testsfailed and not session.config.option.continue_on_collection_errors:
@@ -108,6 +110,51 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
                 raise session.Failed(session.shouldfail)
             if session.shouldstop:
                 raise session.Interrupted(session.shouldstop)
+    return True
+
+
+def _ab_loop(session: pytest.Session, run: LLMSpeedRun) -> bool:
+    """The A/B (--llm-serve-baseline, --llm-endpoint-baseline): rounds of the selected tests
+    in ABBA order, each on a fresh start of its version, a cell's tests only while it is
+    undecided (plugin/ab.py)."""
+    from ..core.errors import LLMSpeedError
+
+    ab = run.ab
+    assert ab is not None
+    if session.testsfailed and not session.config.option.continue_on_collection_errors:
+        raise session.Interrupted(
+            f"{session.testsfailed} error{'s' if session.testsfailed != 1 else ''} "
+            "during collection"
+        )
+    if session.config.option.collectonly:
+        return True
+    ab.set_items(session.items)
+    try:
+        index = 0
+        while ab.more_rounds(index):
+            try:
+                ab.begin_round(index)
+            except (LLMSpeedError, ValueError) as exc:
+                raise session.Interrupted(
+                    run.server.give_up(
+                        f"pytest-llmspeed: the A/B stopped before round {index + 1}: starting "
+                        f"the {ab.label(index).split()[2]} version failed: {exc}"
+                    )
+                ) from None
+            items = [item for item in session.items if ab.runs_item(item, index)]
+            for i, item in enumerate(items):
+                item.user_properties.clear()  # the properties of its last round
+                nextitem = items[i + 1] if i + 1 < len(items) else None
+                item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+                if session.shouldfail:
+                    raise session.Failed(session.shouldfail)
+                if session.shouldstop:
+                    raise session.Interrupted(session.shouldstop)
+            ab.end_round()
+            index += 1
+        ab.conclude()
+    finally:
+        ab.at_end()
     return True
 
 

@@ -267,6 +267,8 @@ class CellRunner:
         from . import benchmark
 
         run = self.run
+        if run.ab is not None:  # an A/B judges the cell when its block ends (plugin/ab.py)
+            return run.ab.finish(self.request, record)
         baseline = run.gate.baseline
         if baseline is not None:
             entry = baseline.cells.get(str(record.id))

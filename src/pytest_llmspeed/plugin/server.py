@@ -229,6 +229,22 @@ class ServerUnderTest:
         self.notes = notes
         self.started = True
 
+    def switch(self, settings: Settings) -> None:
+        """An A/B's next round: stop this server, and start (or connect to) the one of
+        ``settings``, the other version's; probed again. The first start's notes stay.
+        Raises LLMSpeedError / ValueError (and stops what it started)."""
+        notes = list(self.notes)
+        self.stop()
+        self.started = False
+        self.settings = settings
+        try:
+            self._start(restart=True)
+        except BaseException:
+            self.stop()
+            raise
+        self.notes = notes
+        self.started = True
+
     def fresh_start(self, context: int | str) -> None:
         """Before re-measuring a cell that missed its baseline: restart the server when the
         plugin started it, and warm ``context``'s shared prefix again (the confirmation then

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from ..core.protocol import DecodeResult, DecodeTick, PrefillResult
     from ..results import CellId
+    from .ab import ABRun
     from .progress import Progress
     from .settings import Settings
 
@@ -46,6 +47,13 @@ class LLMSpeedRun:
         self.on_tick: Callable[[DecodeTick], None] | None = None
         #: pytest's record_testsuite_property, once a cell ran: the run's own JUnit properties
         self.suite_property: Callable[[str, object], None] | None = None
+        #: the A/B of two versions (--llm-serve-baseline, --llm-endpoint-baseline), or None
+        self.ab: ABRun | None = None
+        if settings.ab_kind is not None:
+            from .ab import ABRun
+
+            self.ab = ABRun(self)
+            self.server.settings = self.ab.arms["old"]  # the first round: A B B A
 
     def start(self) -> None:
         """Start the server, note what it found, check the baseline's settings against it,

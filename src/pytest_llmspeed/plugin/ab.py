@@ -1,0 +1,321 @@
+"""The A/B runner (issue 31): old and new versions started alternately, one round (the
+selected cells) per start, in ABBA order; each cell judged from its paired changes once its
+second block ends, and measured again only while it is unknown and more blocks could decide
+it (``--llm-ab-rounds``, ``--llm-budget``). The bookkeeping and arithmetic are
+:mod:`..gate.ab`'s; this module switches the servers, feeds the ledger and turns a verdict
+into the cell's test outcome.
+
+The test of a cell runs once per round it is measured in, and passes when the measurement is
+valid. When a block ends that decides the cell (or the rounds end), its verdict is reported
+as one more outcome of the same test: failed when the cell regressed (and, under
+``--llm-unknown=fail``, when it stays unknown), with the change, its interval and, from both
+versions' server figures, why; passed otherwise, the verdict in its JUnit properties.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import math
+import time
+from typing import TYPE_CHECKING, Any, Literal
+
+import pytest
+
+if TYPE_CHECKING:
+    from ..gate.ab import CellVerdict
+    from ..results import CellRecord
+    from .session import LLMSpeedRun
+    from .settings import Settings
+
+#: the JUnit property that holds a cell's A/B verdict, in the round that decided it
+VERDICT_PROPERTY = "ab_verdict"
+
+
+def old_settings(settings: Settings) -> Settings:
+    """The settings of the old version's arm: its command (and endpoint) in place of the new
+    one's."""
+    if settings.serve_baseline is not None:
+        plan = settings.serve_baseline_plan
+        return dataclasses.replace(
+            settings, serve=settings.serve_baseline, serve_plan=plan, endpoint=plan.url
+        )
+    assert settings.endpoint_baseline is not None
+    return dataclasses.replace(settings, endpoint=settings.endpoint_baseline)
+
+
+class ABRun:
+    """The A/B of one session: the arms, the ledger of rounds, the cells' latest records."""
+
+    def __init__(self, run: LLMSpeedRun):
+        from ..gate.ab import Ledger
+
+        s = run.settings
+        self.run = run
+        self.arms: dict[str, Settings] = {"old": old_settings(s), "new": s}
+        self.ledger = Ledger(s.tolerance)
+        self.max_rounds = s.ab_rounds - s.ab_rounds % 4
+        #: each arm's latest record of each cell (the page and matrix show the new one's)
+        self.latest: dict[str, dict[str, CellRecord]] = {"old": {}, "new": {}}
+        #: each arm's server line (engine, version, model) from its first start
+        self.server_lines: dict[str, str] = {}
+        self.verdicts: dict[str, CellVerdict] = {}  # as each cell was decided
+        #: when the rounds past the first two blocks began (what --llm-budget bounds)
+        self.extra_from: float | None = None
+        self.stopped: str | None = None  # why the rounds ended before their most
+        self._items: dict[str, pytest.Item] = {}
+
+    # -- rounds -----------------------------------------------------------------------------
+
+    @property
+    def index(self) -> int:
+        """The round under way (from 0)."""
+        return len(self.ledger.rounds) - 1
+
+    def begin_round(self, index: int) -> None:
+        """Round ``index``: start its arm's server (a fresh start; the first round's server is
+        the session's first start), open its ledger round."""
+        from ..gate.ab import BLOCK, MIN_BLOCKS, Round, arm_of
+
+        arm = arm_of(index)
+        run = self.run
+        if index > 0:
+            run.server.switch(self.arms[arm])
+            run.store.cells.clear()
+        self.server_lines.setdefault(arm, run.server.header()[0].removeprefix("llmspeed "))
+        if index == MIN_BLOCKS * len(BLOCK) and self.extra_from is None:
+            self.extra_from = time.monotonic()
+        started = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+        self.ledger.rounds.append(Round(index, arm, started_at=started))
+        self._round_started = time.monotonic()
+        if run.progress is not None:  # the cells this round measures, counted from 1
+            plan = [p for p in run.plan if self.ledger.wanted(str(p[0]))]
+            run.progress.next_run(self.label(index), plan)
+            run.progress.total = len(plan)
+
+    def label(self, index: int) -> str:
+        from ..gate.ab import arm_of
+
+        return f"round {index + 1}/{self.max_rounds} {arm_of(index)} · "
+
+    def end_round(self) -> None:
+        """The round's cells that have no figures (failed, error, skipped) into the ledger,
+        the arm's latest records kept; after a block, the cells it decides."""
+        from ..gate.ab import BLOCK
+
+        r = self.ledger.rounds[-1]
+        r.duration_s = time.monotonic() - self._round_started
+        for cell, record in self.run.store.cells.items():
+            if cell not in r.cells and cell not in self.verdicts:
+                r.missing[cell] = record.reason or record.status.value
+            self.latest[r.arm][cell] = record
+        if (r.index + 1) % len(BLOCK) == 0:
+            for cell in self.ledger.end_block(self.max_rounds // len(BLOCK), self.room()):
+                self.decide(cell, self.ledger.decided[cell])
+        self.write()
+
+    def more_rounds(self, index: int) -> bool:
+        """Is round ``index`` worth running: within the most rounds, and, at a block's
+        start, some cell undecided that the budget leaves room for."""
+        from ..gate.ab import BLOCK, MIN_BLOCKS
+
+        if index >= self.max_rounds:
+            return False
+        if index % len(BLOCK) or index < MIN_BLOCKS * len(BLOCK):
+            return True  # a block is finished once begun; the first two always run
+        if not self.wanted_cells():
+            return False
+        if self.room() <= 0:
+            self.stopped = f"--llm-budget ({self.run.settings.budget:g} s) spent"
+            return False
+        return True
+
+    def wanted_cells(self) -> list[str]:
+        return [c for c in self.ledger.cells() if self.ledger.wanted(c)]
+
+    def room(self) -> int:
+        """The blocks the budget still leaves room for (very many without one)."""
+        from ..gate.ab import BLOCK
+
+        budget = self.run.settings.budget
+        if budget is None or self.extra_from is None:
+            return 1 << 30
+        rounds = self.ledger.rounds[-len(BLOCK) :]
+        per_block = sum(r.duration_s for r in rounds)
+        wanted = len(self.wanted_cells())
+        measured = max(1, len({c for r in rounds for c in (*r.cells, *r.missing)}))
+        estimate = per_block * wanted / measured
+        left = budget - (time.monotonic() - self.extra_from)
+        return math.floor(left / estimate) if estimate > 0 else 1 << 30
+
+    def runs_item(self, item: pytest.Item, index: int) -> bool:
+        """Is ``item`` run in round ``index``: its cell not decided yet (a test that names no
+        cell runs in the first round only)."""
+        cid = self.run.selection.node_cells.get(item.nodeid)
+        if cid is None:
+            return index == 0
+        if item.nodeid in self.run.selection.open:
+            return True
+        return self.ledger.wanted(str(cid))
+
+    # -- cells ------------------------------------------------------------------------------
+
+    def finish(self, request: pytest.FixtureRequest, record: CellRecord) -> CellRecord:
+        """A cell measured validly in this round: into the ledger, recorded, its figures on
+        its test (which passes: the verdict comes when its block ends, as a report of its
+        own)."""
+        from ..gate.ab import FIGURES, kind_of
+
+        cell = str(record.id)
+        r = self.ledger.rounds[-1]
+        r.cells[cell] = {
+            name: float(getattr(record, name))
+            for name, _ in FIGURES.get(kind_of(cell), ())
+            if isinstance(getattr(record, name, None), int | float)
+        }
+        r.missing.pop(cell, None)
+        record = self.run.store.record(record)
+        node = request.node
+        node.user_properties.extend(record.properties())
+        node.user_properties.append(("ab_round", f"{r.index + 1} {r.arm}"))
+        return record
+
+    def decide(self, cell: str, got: CellVerdict) -> None:
+        """A cell's verdict is in: kept, written, and reported as its test's outcome."""
+        got = self._explained(got)
+        self.ledger.decided[cell] = got
+        self.verdicts[cell] = got
+        self.write()
+        item = self.items.get(cell)
+        if item is not None:
+            self._report(item, got)
+
+    def conclude(self) -> None:
+        """The rounds are over: every cell not decided yet gets its verdict as it stands."""
+        for cell in self.ledger.cells():
+            if cell not in self.verdicts:
+                self.decide(cell, self.ledger.judge(cell))
+
+    @property
+    def items(self) -> dict[str, pytest.Item]:
+        """The cell each built-in test measures → its test (the last one, for a cell named
+        twice)."""
+        return self._items
+
+    def set_items(self, items: list[pytest.Item]) -> None:
+        cells = self.run.selection.node_cells
+        self._items = {str(cells[i.nodeid]): i for i in items if i.nodeid in cells}
+
+    def _report(self, item: pytest.Item, got: CellVerdict) -> None:
+        """The verdict as a test outcome of ``item`` (setup, call and teardown reports, as
+        pytest-xdist's controller replays its workers'): the terminal counts it, JUnit holds
+        it as a test case with its properties, and a regression (or an unknown under
+        --llm-unknown=fail) fails it and so the run."""
+        from ..gate.judge import Verdict
+
+        run = self.run
+        fails = got.verdict is Verdict.REGRESSED or (
+            got.verdict is Verdict.UNKNOWN and run.settings.unknown == "fail"
+        )
+        words = run.redact(f"{got.cell} A/B {got.words()}")
+        if got.explanation:
+            words += "\n  why: " + run.redact(got.explanation)
+        props = [
+            (VERDICT_PROPERTY, got.verdict.value),
+            ("ab_change", words.splitlines()[0]),
+            ("ab_starts", got.starts),
+        ]
+        keywords: dict[str, Literal[1]] = dict.fromkeys(item.keywords, 1)
+        progress, run.progress = run.progress, None  # no progress line for a verdict
+        try:
+            item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+            for when in ("setup", "call", "teardown"):
+                failed = fails and when == "call"
+                report = pytest.TestReport(
+                    item.nodeid,
+                    item.location,
+                    keywords,
+                    "failed" if failed else "passed",
+                    words if failed else None,
+                    when,  # type: ignore[arg-type]
+                    user_properties=props,
+                )
+                item.ihook.pytest_runtest_logreport(report=report)
+            item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        finally:
+            run.progress = progress
+
+    def _explained(self, got: CellVerdict) -> CellVerdict:
+        """The verdict with why, from both versions' latest server figures (the decomposition
+        of docs/metrics.md), when both have them."""
+        from ..gate.judge import Verdict
+
+        if got.verdict not in (Verdict.REGRESSED, Verdict.IMPROVED):
+            return got
+        line = explain(self.latest["old"].get(got.cell), self.latest["new"].get(got.cell))
+        return dataclasses.replace(got, explanation=line) if line else got
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def final(self) -> dict[str, CellVerdict]:
+        """Every cell's verdict: as decided, else judged now (a run that stopped early)."""
+        out = self.ledger.finish()
+        out.update(self.verdicts)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.run.settings
+        doc = self.ledger.to_dict(self.final())
+        doc.update(
+            kind=s.ab_kind,
+            arms={
+                arm: {
+                    "server": self.server_lines.get(arm),
+                    "command": self.run.redact(a.serve) if a.serve else None,
+                    "endpoint": a.endpoint if a.serve is None else None,
+                }
+                for arm, a in self.arms.items()
+            },
+            most_rounds=self.max_rounds,
+            budget_s=s.budget,
+            stopped=self.stopped,
+        )
+        return doc
+
+    def write(self) -> None:
+        self.run.store.ab = self.to_dict()
+        self.run.store.write()
+
+    def at_end(self) -> None:
+        """The session's cells become the new version's latest records (the matrix, the page
+        and the figures show the new one); the ledger written."""
+        self.run.store.cells = dict(self.latest["new"])
+        self.write()
+
+
+def explain(old: CellRecord | None, new: CellRecord | None) -> str:
+    """Why a cell changed from ``old`` to ``new``, in one line, from their server figures; ""
+    when either has none."""
+    from ..gate.explain import Explanation, Side
+    from ..gate.explain import explain as decompose
+    from ..results import Phase
+
+    if old is None or new is None or old.server is None or new.server is None:
+        return ""
+    if old.phase is Phase.DECODE:
+        kind, fa, fb = "decode", old.total_tok_s, new.total_tok_s
+    else:
+        kind, fa, fb = "prefill", old.ttft_ms, new.ttft_ms
+    if not fa or not fb:
+        return ""
+    found = decompose(
+        str(old.id),
+        kind,  # type: ignore[arg-type]
+        Side(fa, old.server),
+        Side(fb, new.server),
+        concurrency=old.id.concurrency,
+    )
+    return found.line() if isinstance(found, Explanation) else ""
+
+
+__all__ = ["VERDICT_PROPERTY", "ABRun", "explain", "old_settings"]
