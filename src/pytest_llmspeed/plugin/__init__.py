@@ -470,6 +470,11 @@ def pytest_terminal_summary(
     if baseline is not None and acc is not None:
         for line in gate_lines(baseline.path, acc, s.baseline_missing == "fail"):
             terminalreporter.write_line(run.redact(line))
+    if store.ab is not None:
+        from ..report.ab import lines as ab_lines
+
+        for line in ab_lines(store.ab):
+            terminalreporter.write_line(run.redact(line))
     comparison = store.comparison()
     if comparison is not None and s.compare:
         from ..report.compare import lines as compare_lines
@@ -489,6 +494,10 @@ def pytest_terminal_summary(
             from ..report.compare import markdown
 
             text += "\n" + markdown(comparison, s.compare, "this run")
+        if store.ab is not None:
+            from ..report.ab import markdown as ab_markdown
+
+            text += "\n" + ab_markdown(store.ab)
         try:  # GitHub's limit is the step's whole summary: what earlier steps wrote counts
             written = os.path.getsize(step_summary)
         except OSError:

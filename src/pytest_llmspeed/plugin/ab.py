@@ -57,6 +57,8 @@ class ABRun:
         self.max_rounds = s.ab_rounds - s.ab_rounds % 4
         #: each arm's latest record of each cell (the page and matrix show the new one's)
         self.latest: dict[str, dict[str, CellRecord]] = {"old": {}, "new": {}}
+        #: each arm's records of each cell, a round each (the explanation reads the median)
+        self.history: dict[str, dict[str, list[CellRecord]]] = {"old": {}, "new": {}}
         #: each arm's server line (engine, version, model) from its first start
         self.server_lines: dict[str, str] = {}
         self.verdicts: dict[str, CellVerdict] = {}  # as each cell was decided
@@ -109,6 +111,8 @@ class ABRun:
             if cell not in r.cells and cell not in self.verdicts:
                 r.missing[cell] = record.reason or record.status.value
             self.latest[r.arm][cell] = record
+            if record.status.measured:
+                self.history[r.arm].setdefault(cell, []).append(record)
         if (r.index + 1) % len(BLOCK) == 0:
             for cell in self.ledger.end_block(self.max_rounds // len(BLOCK), self.room()):
                 self.decide(cell, self.ledger.decided[cell])
@@ -252,8 +256,20 @@ class ABRun:
 
         if got.verdict not in (Verdict.REGRESSED, Verdict.IMPROVED):
             return got
-        line = explain(self.latest["old"].get(got.cell), self.latest["new"].get(got.cell))
+        line = explain(self._median(got.cell, "old"), self._median(got.cell, "new"))
         return dataclasses.replace(got, explanation=line) if line else got
+
+    def _median(self, cell: str, arm: str) -> CellRecord | None:
+        """The arm's record of ``cell`` whose headline figure is its rounds' median (one
+        round's server figures, the most typical one: the explanation reads them)."""
+        from ..figures import headline
+
+        records = [r for r in self.history[arm].get(cell, []) if r.server is not None]
+        if not records:
+            return None
+        key = headline(records[0].phase).key
+        records.sort(key=lambda r: getattr(r, key) or 0.0)
+        return records[(len(records) - 1) // 2]
 
     # -- the end ----------------------------------------------------------------------------
 

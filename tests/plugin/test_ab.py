@@ -1,0 +1,125 @@
+"""The A/B through the plugin (issue 31): old and new versions of the simulator started by the
+plugin in ABBA rounds, or two servers it does not start; each cell's verdict as an outcome of
+its test, in the terminal, JUnit and the results file."""
+
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+
+pytestmark = pytest.mark.slow  # every test here runs rounds of cells on the simulator
+
+SIM = f"{sys.executable} -m pytest_llmspeed.sim --port {{port}} --profile tiny --speed 10"
+ARGS = (
+    "--llm-contexts=1K",
+    "--llm-duration=1",
+    "--llm-max-output=256",
+    "--llm-results=out.json",
+    "-p",
+    "no:randomly",
+)
+
+
+def ab(new: str = "", old: str = "") -> tuple[str, str]:
+    return (f"--llm-serve={SIM} --start-noise 0.02 {new}", f"--llm-serve-baseline={SIM} {old}")
+
+
+def test_a_slower_new_version_regresses_with_why(results_doc, pytester):
+    result = pytester.runpytest(
+        *ab(new="--slower decode:0.3"), *ARGS, "--llm-concurrency=1,4", "--junitxml=j.xml"
+    )
+    assert result.ret == 1
+    doc = results_doc("out.json")["ab"]
+    assert doc["order"][:8] == ["old", "new", "new", "old"] * 2
+    assert doc["arms"]["old"]["command"].endswith("--speed 10 ")
+    for cell in ("decode[1K-c1]", "decode[1K-c4]"):
+        got = doc["cells"][cell]
+        assert got["verdict"] == "regressed", got
+        assert got["starts"] == 8 and got["blocks"] == 2
+        change = got["figures"]["total_tok_s"]
+        assert change["interval"][0] < change["change"] < change["interval"][1] < -0.05
+        assert "steps/s" in got["explanation"]  # the decode steps slowed: the server says so
+        # every round measured it, in the order run
+        assert [r["arm"] for r in doc["rounds"] if cell in r["cells"]] == doc["order"][:8]
+    assert doc["counts"]["regressed"] == 2
+    out = result.stdout.str()
+    assert "A/B: old against new, " in out and "verdicts: 2 regressed" in out
+    result.stdout.fnmatch_lines(
+        ["FAILED *test_decode[[]1K-c1[]] - decode[[]1K-c1[]] A/B regressed*"]
+    )
+    verdicts = [
+        p.get("value")
+        for p in ET.parse(pytester.path / "j.xml").iter("property")
+        if p.get("name") == "ab_verdict"
+    ]
+    assert verdicts.count("regressed") == 2
+    # the matrix and the cells are the new version's
+    cells = {c["id"]: c for c in results_doc("out.json")["cells"]}
+    assert (
+        cells["decode[1K-c1]"]["total_tok_s"]
+        < doc["rounds"][0]["cells"]["decode[1K-c1]"]["total_tok_s"]
+    )
+
+
+def test_the_same_version_is_not_a_regression(results_doc, pytester):
+    result = pytester.runpytest(*ab(), *ARGS, "--llm-concurrency=1", "--llm-tolerance=10%")
+    assert result.ret == 0, result.stdout.str()
+    doc = results_doc("out.json")["ab"]
+    assert doc["counts"]["regressed"] == 0
+    assert doc["cells"]["decode[1K-c1]"]["verdict"] in ("same", "unknown")
+
+
+def test_an_unknown_fails_only_when_asked(results_doc, pytester):
+    """At ±0.5 % nothing can be shown the same: each unknown says what would decide it, and
+    under --llm-unknown=fail fails its test."""
+    result = pytester.runpytest(
+        *ab(), *ARGS, "--llm-concurrency=1", "--llm-tolerance=0.5%", "--llm-unknown=fail"
+    )
+    doc = results_doc("out.json")["ab"]
+    unknown = [c for c, v in doc["cells"].items() if v["verdict"] == "unknown"]
+    assert unknown and not [c for c, v in doc["cells"].items() if v["verdict"] == "same"]
+    assert result.ret == 1
+    out = result.stdout.str()
+    for cell in unknown:
+        assert f"unknown: {cell}: " in out
+        assert f"{cell} A/B unknown" in out  # its test failed, saying so
+
+
+def test_two_servers_the_plugin_does_not_start(results_doc, pytester):
+    from pytest_llmspeed.sim import SimOptions, running_simulator_process
+
+    old = SimOptions(profile="tiny", speed=10.0)
+    new = SimOptions(profile="tiny", speed=10.0, slower="decode:0.3")
+    with running_simulator_process(old) as old_url, running_simulator_process(new) as new_url:
+        result = pytester.runpytest(
+            f"--llm-endpoint={new_url}",
+            f"--llm-endpoint-baseline={old_url}",
+            *ARGS,
+            "--llm-concurrency=1",
+        )
+    assert result.ret == 1, result.stdout.str()
+    doc = results_doc("out.json")["ab"]
+    assert doc["kind"] == "endpoints"
+    assert doc["arms"]["old"]["endpoint"] == old_url
+    assert doc["cells"]["decode[1K-c1]"]["verdict"] == "regressed"
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("--llm-endpoint=sim", f"--llm-serve-baseline={SIM}"), "needs --llm-serve=NEW_COMMAND"),
+        ((*ab(), "--llm-baseline=b.toml"), "cannot go with --llm-baseline"),
+        ((*ab(), "--llm-ab-rounds=4"), "at least 8 rounds"),
+        ((*ab(), "--llm-tolerance=150%"), "below 100 %"),
+        ((*ab(), "--llm-budget=soon"), "900, 90s, 10m, 1h"),
+        (
+            ("--llm-endpoint=http://127.0.0.1:9", "--llm-endpoint-baseline=http://127.0.0.1:9/v1"),
+            "the same server as --llm-endpoint",
+        ),
+    ],
+)
+def test_options_that_do_not_make_an_ab(pytester, args, words):
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert words in result.stderr.str()
+    assert "Traceback" not in result.stderr.str()
