@@ -45,7 +45,14 @@ from benchmarks.common import RESULTS, command, machine, table, utc_now, write_p
 from benchmarks.gate_noise import lower_bound, upper_bound
 from pytest_llmspeed.gate.baseline import Baseline, baseline_of
 from pytest_llmspeed.gate.noise import LEVEL, reference_se, t_quantile
-from pytest_llmspeed.gate.verdict import checks, verdict, wants_another
+from pytest_llmspeed.gate.verdict import (
+    attempt_misses,
+    checks,
+    mean_misses,
+    past_limit,
+    verdict,
+    wants_another,
+)
 from pytest_llmspeed.results import Z95, Z99, CellId, CellRecord, Check, Outcome, Status
 
 SPREADS = (0.0, 0.03, 0.10)
@@ -159,47 +166,47 @@ def rule_every(cf: CheckOf, confirm: int) -> tuple[bool, bool, int]:
     """Stop at the first attempt that does not miss; regressed when every attempt and the
     mean miss (the rule for attempts on one start)."""
     n = 1
-    while n <= confirm and cf(n).attempt_misses(n - 1):
+    while n <= confirm and attempt_misses(cf(n), n - 1):
         n += 1
     c = cf(n)
-    regressed = all(c.attempt_misses(i) for i in range(n)) and c.mean_misses()
-    return regressed, c.past_limit() and not regressed, n
+    regressed = all(attempt_misses(c, i) for i in range(n)) and mean_misses(c)
+    return regressed, past_limit(c) and not regressed, n
 
 
 def rule_mean(cf: CheckOf, confirm: int) -> tuple[bool, bool, int]:
     """After a first miss take every confirmation; regressed when the mean of all misses."""
-    first = cf(1).attempt_misses(0)
+    first = attempt_misses(cf(1), 0)
     n = confirm + 1 if first else 1
     c = cf(n)
-    regressed = first and c.mean_misses()
-    return regressed, c.past_limit() and not regressed, n
+    regressed = first and mean_misses(c)
+    return regressed, past_limit(c) and not regressed, n
 
 
 def rule_mean_past(cf: CheckOf, confirm: int) -> tuple[bool, bool, int]:
     """As ``mean``, but confirmations start when the first attempt is past the limit (a miss,
     or within the noise)."""
-    n = confirm + 1 if cf(1).past_limit([0]) else 1
+    n = confirm + 1 if past_limit(cf(1), [0]) else 1
     c = cf(n)
-    regressed = c.mean_misses()
-    return regressed, c.past_limit() and not regressed, n
+    regressed = mean_misses(c)
+    return regressed, past_limit(c) and not regressed, n
 
 
 def rule_mean_sequential(cf: CheckOf, confirm: int) -> tuple[bool, bool, int]:
     """Confirm while the mean so far misses; regressed when the final mean misses."""
     n = 1
-    while n <= confirm and cf(n).mean_misses():
+    while n <= confirm and mean_misses(cf(n)):
         n += 1
     c = cf(n)
-    regressed = c.mean_misses()
-    return regressed, c.past_limit() and not regressed, n
+    regressed = mean_misses(c)
+    return regressed, past_limit(c) and not regressed, n
 
 
 def rule_mean_always(cf: CheckOf, confirm: int) -> tuple[bool, bool, int]:
     """Every check measured ``confirm`` more times on fresh starts, whatever the first gave;
     regressed when the mean of all misses (what the targets need, not a rule the gate has)."""
     c = cf(confirm + 1)
-    regressed = c.mean_misses()
-    return regressed, c.past_limit() and not regressed, confirm + 1
+    regressed = mean_misses(c)
+    return regressed, past_limit(c) and not regressed, confirm + 1
 
 
 RULES: dict[str, Callable[[CheckOf, int], tuple[bool, bool, int]]] = {
@@ -255,11 +262,13 @@ def check_over(
     (check,) = checks(base.cells[cid], records[:n], fresh_starts=True)
     if setting.dof == "pooled" and check.spread is not None:
         dof = cells * (setting.runs - 1) + n - 1
-        check = dataclasses.replace(check, quantile=t_quantile(LEVEL, dof))
+        check = dataclasses.replace(check, spread_dof=dof, quantile=t_quantile(LEVEL, dof))
     elif setting.dof == "known":
         runs = base.cells[cid].figure_runs("total_tok_s")
         u_r = reference_se(runs.values, runs.intervals, setting.spread)
-        check = dataclasses.replace(check, spread=setting.spread, reference_se=u_r, quantile=Z99)
+        check = dataclasses.replace(
+            check, spread=setting.spread, spread_dof=0, reference_se=u_r, quantile=Z99
+        )
     return check
 
 

@@ -52,7 +52,7 @@ from engines.home import Layout, vllm_home
 from engines.servers import KV_CACHE_MEMORY_BYTES, MAX_MODEL_LEN, NOT_SET_UP, SERVED_MODEL
 from pytest_llmspeed.gate.baseline import Baseline, CellBaseline, FigureRuns
 from pytest_llmspeed.gate.baseline import load as load_baseline
-from pytest_llmspeed.gate.verdict import verdict
+from pytest_llmspeed.gate.verdict import past_limit, verdict
 from pytest_llmspeed.results import CellId, CellRecord, Outcome, Status
 
 OFFLINE = "HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1"
@@ -201,7 +201,7 @@ def judge_with_confirm(
     measured = firsts[:1]
     records = [attempt(cid, metric, v, ci) for v, ci in measured]
     found = verdict(entry, records, fresh_starts=True).checks
-    if confirm and found and found[0].past_limit([0]):
+    if confirm and found and past_limit(found[0], [0]):
         measured = firsts[: 1 + confirm]
     return judge(entry, cid, metric, measured)
 

@@ -5,9 +5,10 @@
 
 The formats a run can be written as are those of ``report.outputs`` (``-o`` picks one by the
 file's suffix, ``compare`` has an option for each). Reads any results file pytest-llmspeed has
-written (``results.load``). Exit status: 0, or 1
-when ``compare`` finds a regression, 2 on bad input (one line saying what and what to do).
-No pytest import.
+written (``results.load``). ``compare`` judges each cell as the stored-baseline gate would
+(gate/judge.py's four verdicts: regressed, improved, same, unknown). Exit status: 0, or 1
+when ``compare`` finds a regression (or a cell too noisy to tell, with ``--unknown=fail``), 2
+on bad input (one line saying what and what to do). No pytest import.
 """
 
 from __future__ import annotations
@@ -45,7 +46,18 @@ def main(argv: list[str] | None = None) -> int:
         )
     cmp.add_argument("--markdown", help="also write the comparison as Markdown")
     cmp.add_argument(
-        "--tolerance", type=float, default=0.05, help="smallest change called a regression"
+        "--tolerance",
+        type=float,
+        default=0.05,
+        help="the change tolerated, a fraction (default 0.05): a cell is regressed when worse "
+        "by more beyond the noise, same when shown within it",
+    )
+    cmp.add_argument(
+        "--unknown",
+        choices=("warn", "fail"),
+        default="warn",
+        help="what a cell too noisy to tell does to the exit status: warn (exit 0, the cells "
+        "named) or fail (exit 1), as --llm-unknown (default: warn)",
     )
     args = parser.parse_args(argv)
     try:
@@ -79,7 +91,7 @@ def _run(args: argparse.Namespace) -> int:
         if path:
             output.write(new, result, path)
             print(f"{output.label}: {path}")
-    return 1 if result.regressions else 0
+    return result.exit_status(unknown_fails=args.unknown == "fail")
 
 
 if __name__ == "__main__":

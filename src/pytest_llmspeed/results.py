@@ -28,7 +28,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from pathlib import Path
@@ -109,13 +109,22 @@ _LABELS = {
 
 
 class Outcome(Enum):
-    """The gate's verdict on one cell."""
+    """The gate's verdict on one cell: its figures' worst (regressed, then unknown, improved,
+    same). ``PASS`` is what an earlier version stored for a cell that did not regress (it did
+    not tell same from too noisy to tell)."""
 
-    PASS = "passed"
     REGRESSION = "regressed"
+    UNKNOWN = "unknown"
     IMPROVEMENT = "improved"
+    SAME = "same"
+    PASS = "passed"
     NOT_MEASURED = "not measured"
     NO_FLOOR = "no floor"
+
+    @property
+    def judged(self) -> bool:
+        """The cell was measured and held to a reference."""
+        return self not in (Outcome.NOT_MEASURED, Outcome.NO_FLOOR)
 
 
 # -- contexts and cell ids ---------------------------------------------------------------------
@@ -212,28 +221,30 @@ Z95 = 1.959963984540054
 Z99 = 2.326347874040841
 
 
-def _rel_se(value: float, ci: Pair | None) -> float:
-    """A figure's relative standard error from its 95 % interval (0 without one)."""
+def relative_se(value: float, ci: Pair | None) -> float:
+    """A figure's relative standard error from its 95 % interval, ``(half-width / value) /
+    1.96`` (0 without one): the one reading of an interval as noise (the gate's, ``compare``'s
+    and the words' ±)."""
     if ci is None or value <= 0:
         return 0.0
     return (ci[1] - ci[0]) / 2 / value / Z95
 
 
+#: the gate's four verdicts on a figure (gate/judge.py), and the one an earlier version
+#: stored ("passed": it did not tell "same" from "too noisy to tell")
+VERDICTS = ("regressed", "improved", "same", "unknown")
+PASSED = "passed"
+
+
 @dataclass(frozen=True)
 class Check:
-    """One figure of one cell against its baseline reference, over one or more attempts.
+    """One figure of one cell against its baseline reference, over one or more attempts: the
+    data the gate judged and the verdict it gave (gate/verdict.py judges, by gate/judge.py's
+    rule; docs/gate.md, "Across restarts"). This is the stored verdict: nothing here judges.
 
-    The rule (docs/gate.md, "Across restarts"): a figure **misses** when it is past its limit
-    (``reference × (1 ∓ tolerance)``) *and* worse than the reference beyond the noise of both,
-    ``|X − R| > quantile · √(X² u_X² + R² u_R²)``, where ``u_R`` is the reference's relative
-    standard error (``reference_se``, or its one run's interval) and ``u_X² = spread² + w_X²``
-    an attempt's (the between-start spread, and the window's own ``w_X`` from its interval).
-    The mean of n attempts has ``(spread² + mean w²) / n`` when each ran on a fresh start of
-    the server (``fresh_starts``), ``spread² + mean w² / n`` when they share one. Without
-    intervals or spread the noise is 0 and the rule is the flat one: past the limit.
-
-    A check read from a results file keeps the verdict the file stored (``stored``): it is
-    never judged again with this version's rule, and is written back as it was read."""
+    ``verdict`` is one of :data:`VERDICTS` (``""``: not judged yet, a check made by hand);
+    a check read from a results file keeps the verdict the file stored (``stored``), whatever
+    rule this version judges by, and is written back as it was read."""
 
     cell: str
     metric: str
@@ -250,8 +261,15 @@ class Check:
     reference_runs: int = 1  # runs the reference is the mean of
     quantile: float = Z99  # one-sided 99 %: Student's t with spread_dof when spread is known
     fresh_starts: bool = False  # each re-measurement ran on a fresh start of the server
-    #: the check as a results file wrote it (its verdict, noisy, improved are read from it);
-    #: None: judged here, by this version's rule
+    #: the judge's verdict: regressed, improved, same, unknown ("passed": an earlier version's)
+    verdict: str = ""
+    #: the standard error of the change ln(value / reference) as judged, and of the value
+    #: (the mean of the attempts), both relative; None: not said (a file of an earlier version)
+    change_se: float | None = None
+    value_se: float | None = None
+    #: for an unknown: about how many more measurements would decide it (None: none would)
+    more: int | None = None
+    #: the check as a results file wrote it; None: judged by this version
     stored: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -304,96 +322,38 @@ class Check:
         high = math.sqrt(sum(b * b for _, b in sides)) / k
         return (self.value - low, self.value + high)
 
-    # -- the noise
     @property
     def reference_u(self) -> float:
         """u_R: the reference's relative standard error."""
         if self.reference_se is not None:
             return self.reference_se
-        return _rel_se(self.reference, self.reference_ci)
+        return relative_se(self.reference, self.reference_ci)
 
-    def _w(self, i: int) -> float:
-        ci = self.values_ci[i] if i < len(self.values_ci) else None
-        return _rel_se(self.values[i], ci)
+    @property
+    def past_limit(self) -> bool:
+        """The mean of the attempts is past the limit, towards worse."""
+        return self.value < self.limit if self.is_floor else self.value > self.limit
 
-    def variance(self, attempts: Sequence[int] | None = None) -> float:
-        """The relative variance of one attempt, or of the mean of ``attempts`` (indices; all
-        by default): spread and windows' noise, divided as the attempts shared a start or not."""
-        idx = range(len(self.values)) if attempts is None else attempts
-        n = len(idx)
-        s2 = (self.spread or 0.0) ** 2
-        w2 = sum(self._w(i) ** 2 for i in idx) / n
-        return (s2 + w2) / n if self.fresh_starts else s2 + w2 / n
-
-    def _mean(self, attempts: Sequence[int] | None) -> float:
-        idx = range(len(self.values)) if attempts is None else attempts
-        return sum(self.values[i] for i in idx) / len(idx)
-
-    def margin(self, value: float, variance: float) -> float:
-        """How far ``value`` must be from the reference to be beyond the noise of both."""
-        return self.quantile * math.sqrt(
-            value * value * variance + (self.reference * self.reference_u) ** 2
-        )
-
-    def _worse_by(self, value: float) -> float:
-        """How far ``value`` is past the limit, towards worse (negative: inside)."""
-        return self.limit - value if self.is_floor else value - self.limit
-
-    def _miss(self, value: float, variance: float) -> bool:
-        worse = self.reference - value if self.is_floor else value - self.reference
-        return self._worse_by(value) > 0 and worse > self.margin(value, variance)
-
-    def misses(self, value: float, ci: Pair | None = None) -> bool:
-        """Does one attempt of ``value`` (its interval ``ci``) miss?"""
-        return self._miss(value, (self.spread or 0.0) ** 2 + _rel_se(value, ci) ** 2)
-
-    def mean_misses(self, attempts: Sequence[int] | None = None) -> bool:
-        """Does the mean of ``attempts`` (indices; all by default) miss, with its variance?"""
-        return self._miss(self._mean(attempts), self.variance(attempts))
-
-    def attempt_misses(self, i: int) -> bool:
-        return self.mean_misses([i])
-
-    def past_limit(self, attempts: Sequence[int] | None = None) -> bool:
-        """The mean of ``attempts`` is past the limit (missed, or within the noise)."""
-        return self._worse_by(self._mean(attempts)) > 0
-
-    # -- the verdict
+    # -- the verdict, as judged
     @property
     def regressed(self) -> bool:
-        """Confirmed. Attempts sharing one start: every attempt misses, and so does their
-        mean. On fresh starts: the mean of all the attempts misses, with the fresh-start
-        variance (a first attempt past the limit took every confirmation, none stopped by one
-        that passes: each start is a sample of the noise that matters, docs/gate.md). A check
-        read from a file: its stored verdict."""
-        if self.stored is not None:
-            return self.stored.get("verdict") == "regressed"
-        if self.fresh_starts:
-            return self.mean_misses()
-        return all(self.attempt_misses(i) for i in range(len(self.values))) and (self.mean_misses())
-
-    @property
-    def noisy(self) -> bool:
-        """Past the limit, but within the noise: too noisy to tell (not a failure)."""
-        if self.stored is not None:
-            return bool(self.stored.get("noisy", False))
-        return self.past_limit() and not self.regressed
+        return self.verdict == "regressed"
 
     @property
     def improved(self) -> bool:
-        """Better than the reference by more than the tolerance, beyond the noise (+5.0 %
-        at 5 % is not: the float of 105/100 − 1 is a hair above 0.05)."""
-        if self.stored is not None:
-            return bool(self.stored.get("improved", False))
-        margin = self.margin(self.value, self.variance())
-        better = self.change * self.reference
-        return better > (self.tolerance + 1e-9) * self.reference and better > margin
+        return self.verdict == "improved"
 
     @property
-    def last_misses(self) -> bool:
-        """The latest attempt misses: the pytest layer measures again (attempts sharing one
-        start)."""
-        return self.attempt_misses(len(self.values) - 1)
+    def same(self) -> bool:
+        return self.verdict == "same"
+
+    @property
+    def unknown(self) -> bool:
+        """Too noisy to tell at this tolerance (today's name for an earlier version's
+        "noisy": past the limit, within the noise)."""
+        return self.verdict == "unknown"
+
+    noisy = unknown
 
     @property
     def change(self) -> float:
@@ -410,7 +370,7 @@ class Check:
             ci = self.value_ci
             assert ci is not None
             return f" ±{max(_sides(self.value, ci)) / self.value:.1%}"
-        return self._pm(math.sqrt(self.variance()))
+        return self._pm(self.value_se or 0.0)
 
     def _reference_words(self) -> str:
         if self.reference_se is None and self.reference_ci is not None:
@@ -441,23 +401,38 @@ class Check:
             f"{delta}{self._beyond()}{attempts}"
         )
 
-    def noisy_message(self) -> str:
+    def more_words(self) -> str:
+        """What would decide an unknown: ``about 3 more measurement(s) would decide it``."""
+        if self.more is not None:
+            return f"about {self.more} more measurement(s) would decide it"
+        return "too close to its limit for more measurements to decide it"
+
+    def unknown_message(self) -> str:
+        """An unknown figure in words: where it is, against what noise, and what would decide
+        it."""
         name = figures.by_key(self.metric).label
         delta = _minus(f"{self.value / self.reference - 1:+.1%}")
         if self.spread_known:
-            within = (
+            noise = (
                 f"within the noise between runs (spread {self.spread or 0.0:.1%}): too noisy to "
                 "tell (more runs in the baseline, or confirmations on fresh starts, narrow it)"
             )
         else:
-            within = (
+            noise = (
                 "within the intervals: too noisy to tell (a longer window, or --llm-precision, "
                 "narrows them)"
             )
-        return (
-            f"{self.cell} {name} {self.value:,.1f}{self._value_pm()} is past its limit "
-            f"{self.limit:,.1f} ({delta} against {self._reference_words()}), but {within}"
+        where = "is past its limit" if self.past_limit else "is inside its limit"
+        but = "but" if self.past_limit else f"not shown within ±{self.tolerance:.0%}:"
+        text = (
+            f"{self.cell} {name} {self.value:,.1f}{self._value_pm()} {where} "
+            f"{self.limit:,.1f} ({delta} against {self._reference_words()}), {but} {noise}"
         )
+        if self.stored is None or "more" in self.stored:
+            text += f"; {self.more_words()}"
+        return text
+
+    noisy_message = unknown_message
 
     def improvement_message(self) -> str:
         delta = _minus(f"{self.value / self.reference - 1:+.1%}")
@@ -476,14 +451,14 @@ class Check:
             "limit": round(self.limit, 3),
             "values": list(self.values),
             "change": round(self.change, 4),
-            "verdict": "regressed" if self.regressed else "passed",
+            "verdict": self.verdict or PASSED,
         }
         if self.reference_ci is not None:
             out["reference_ci"] = list(self.reference_ci)
         if any(ci is not None for ci in self.values_ci):
             out["values_ci"] = [[] if ci is None else list(ci) for ci in self.values_ci]
         if self.noise_known:
-            out["noisy"] = self.noisy
+            out["noisy"] = self.unknown
         if self.reference_se is not None:
             out["reference_se"] = self.reference_se
         if self.spread_known:
@@ -494,8 +469,14 @@ class Check:
             out["reference_runs"] = self.reference_runs
         if self.fresh_starts:
             out["fresh_starts"] = True
-        if self.improved and not self.regressed:
+        if self.improved:
             out["improved"] = True
+        if self.change_se is not None:
+            out["change_se"] = self.change_se
+        if self.value_se is not None:
+            out["value_se"] = self.value_se
+        if self.unknown:
+            out["more"] = self.more
         return out
 
     @classmethod
@@ -520,8 +501,30 @@ class Check:
             reference_runs=int(data.get("reference_runs", 1)),
             quantile=float(data.get("quantile", Z99)),
             fresh_starts=bool(data.get("fresh_starts", False)),
+            verdict=_stored_verdict(data),
+            change_se=_number_or_none(data.get("change_se")),
+            value_se=_number_or_none(data.get("value_se")),
+            more=int(data["more"]) if isinstance(data.get("more"), int) else None,
             stored=copy.deepcopy(dict(data)),
         )
+
+
+def _stored_verdict(data: Mapping[str, Any]) -> str:
+    """A stored check's verdict in today's words: a file of this version says one of the
+    four; an earlier one said "regressed" or "passed", with "noisy" (past the limit within the
+    noise: unknown) and "improved" beside a pass."""
+    word = str(data.get("verdict", PASSED))
+    if word in VERDICTS:
+        return word
+    if data.get("noisy"):
+        return "unknown"
+    if data.get("improved"):
+        return "improved"
+    return PASSED
+
+
+def _number_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
 
 
 @dataclass(frozen=True)
@@ -540,12 +543,15 @@ class GateVerdict:
 
     @property
     def improvements(self) -> tuple[Check, ...]:
-        return tuple(c for c in self.checks if c.improved and not c.regressed)
+        return tuple(c for c in self.checks if c.improved)
 
     @property
-    def noisy(self) -> tuple[Check, ...]:
-        """Figures past their limit but within the intervals (not failures)."""
-        return tuple(c for c in self.checks if c.noisy)
+    def unknowns(self) -> tuple[Check, ...]:
+        """Figures too noisy to tell at their tolerance (not failures unless
+        --llm-unknown=fail)."""
+        return tuple(c for c in self.checks if c.unknown)
+
+    noisy = unknowns
 
     @property
     def spread_unknown(self) -> bool:
@@ -809,7 +815,9 @@ class CellRecord:
         """The record's scalar figures as JUnit ``user_properties``: its identity, then the
         figures with a JUnit name in the order of :data:`~.figures.FIGURES`, each interval as
         two scalars (``_ci_low``, ``_ci_high``), the figures written only when known, each
-        replica's total tok/s."""
+        replica's total tok/s, the server's figures, and the gate's verdict (``gate_verdict``:
+        the cell's; ``gate_<figure>``: each figure's; ``gate_more``: about how many more
+        measurements would decide an unknown)."""
         flat = self.to_v1()
         props = [(key, flat[key]) for key in _ID_PROPERTIES if flat.get(key) is not None]
 
@@ -829,6 +837,12 @@ class CellRecord:
             props.append((f"replica{i}_total_tok_s", rate))
         if self.server is not None:
             props += [(f"server_{name}", value) for name, value in self.server.scalars()]
+        if self.gate is not None:  # the gate's verdict: regressed, unknown, improved, same, ...
+            props.append(("gate_verdict", self.gate.outcome.value))
+            props += [(f"gate_{c.metric}", c.verdict) for c in self.gate.checks if c.verdict]
+            unknown = [c.more for c in self.gate.unknowns if c.more is not None]
+            if unknown:
+                props.append(("gate_more", max(unknown)))
         return props
 
     def to_v1(self) -> dict[str, Any]:

@@ -107,7 +107,8 @@ def test_deselected_no_floor_and_improvements(pytester):
     result.stdout.fnmatch_lines(
         [
             "Baseline base.toml: 0 regression(s), 1 improvement(s) beyond tolerance",
-            "  2 baseline cell(s): 1 passed, 0 regressed, 0 not run, 1 deselected, 0 not gated",
+            "  2 baseline cell(s): 0 same, 1 improved, 0 unknown, 0 regressed, 0 not run, "
+            "1 deselected, 0 not gated",
             "  improvement decode[[]1K-c1[]] total_tok_s * vs baseline 10.0: +*%",
             "  deselected: decode[[]2K-c1[]]",
             "  no floor (not in the baseline): decode[[]1K-c4[]]",

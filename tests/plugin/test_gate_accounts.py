@@ -150,7 +150,8 @@ def test_decode_selection_still_gates_the_prefill_the_warm_up_measured(
     result.stdout.fnmatch_lines(
         [
             "Baseline *b.toml: 3 regression(s), 0 improvement(s) beyond tolerance",
-            "  3 baseline cell(s): 0 passed, 3 regressed, 0 not run, 0 deselected, 0 not gated",
+            "  3 baseline cell(s): 0 same, 0 improved, 0 unknown, 3 regressed, 0 not run, "
+            "0 deselected, 0 not gated",
             "  REGRESSION  prefill[[]1K[]] prompt tok/s * < floor *",
         ]
     )
@@ -181,7 +182,8 @@ def test_a_baseline_cell_that_no_longer_fits_fails_the_run(pytester):
     result.assert_outcomes(passed=1, skipped=1, deselected=2)
     result.stdout.fnmatch_lines(
         [
-            "  3 baseline cell(s): 1 passed, 0 regressed, 1 not run, 1 deselected, 0 not gated",
+            "  3 baseline cell(s): 0 same, 1 improved, 0 unknown, 0 regressed, 1 not run, "
+            "1 deselected, 0 not gated",
             "  NOT RUN     decode[[]16K-c1[]]: does not fit: 16K + 64 = 16,448 > max_model_len *",
             "  deselected: decode[[]8K-c1[]]",
         ]

@@ -3,6 +3,7 @@
 import pytest
 
 from pytest_llmspeed.gate.baseline import BaselineError, dump, load, mismatches
+from pytest_llmspeed.gate.verdict import attempt_misses, judged
 from pytest_llmspeed.results import CellId, CellRecord, Check, Status
 
 GOOD = """\
@@ -83,12 +84,14 @@ def test_missing_file(tmp_path):
 
 def test_check_needs_every_attempt_to_miss():
     c = Check("decode[8K-c1]", "total_tok_s", 100.0, 0.05, (90.0,))
-    assert c.limit == pytest.approx(95.0) and c.misses(90.0)
-    assert c.regressed
+    assert c.verdict == "" and not c.regressed  # a check made by hand is not judged
+    assert c.limit == pytest.approx(95.0) and attempt_misses(c, 0)
+    assert judged(c).regressed
     c = Check("decode[8K-c1]", "total_tok_s", 100.0, 0.05, (90.0, 99.0))
-    assert not c.regressed  # the re-measurement passed: noise, not a regression
+    # the re-measurement passed: not a regression; the attempts disagree: unknown
+    assert judged(c).verdict == "unknown"
     ceiling = Check("decode[8K-c1]", "ttft_ms", 100.0, 0.05, (110.0, 112.0))
-    assert ceiling.regressed and ceiling.change == pytest.approx(-0.11)
+    assert judged(ceiling).regressed and ceiling.change == pytest.approx(-0.11)
 
 
 def test_message_shape():

@@ -42,8 +42,9 @@ def test_cells_over_capacity_in_both_runs_are_named_so():
     assert sorted(c.cid for c in over) == sorted(str(CellId.decode(k * 1024, n)) for k, n in OVER)
     assert all(c.change is None and c.why == "" for c in over)
     assert cmp.count(Verdict.NOT_MEASURED) == 0
-    assert summary_line(cmp) == "32 cell(s): 27 within noise, 5 over capacity in both"
-    assert "  32 cell(s): 27 within noise, 5 over capacity in both" in lines(cmp, "old.json")
+    counts = "32 cell(s): 0 regressed, 0 unknown, 0 improved, 27 same, 5 over capacity in both"
+    assert summary_line(cmp) == counts
+    assert f"  {counts}" in lines(cmp, "old.json")
     table = markdown(cmp, "old.json", "new.json")
     assert "| over capacity |" in table and "not measured" not in table
 
@@ -113,7 +114,7 @@ def test_a_finding_is_said_even_when_the_figure_held():
     # the same total tok/s, but the server preempted and queued: said, not a regression
     cmp = compare(one_cell(real_window(""), 1.0), one_cell(real_window("tight-"), 1.0))
     (cell,) = cmp.cells
-    assert cell.verdict is Verdict.WITHIN_NOISE
+    assert cell.verdict is Verdict.SAME
     assert "preemptions 0 → 5" in cell.explanation
     assert f"  finding     {cell.explanation}" in lines(cmp, "old.json")
     assert "**Why cells changed, and findings**" in markdown(cmp, "old.json", "new.json")

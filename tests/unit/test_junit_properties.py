@@ -27,16 +27,22 @@ def names(record):
 
 
 def test_valid_decode_cell(cells):
-    assert names(cells["decode[1K-c8]"]) == [*ID_KEYS, *DECODE]
+    # a cell with no floor in the baseline: the gate's verdict says so
+    assert names(cells["decode[1K-c8]"]) == [*ID_KEYS, *DECODE, "gate_verdict"]
+    assert dict(cells["decode[1K-c8]"].properties())["gate_verdict"] == "no floor"
 
 
 def test_failed_decode_cell_adds_the_reason(cells):
-    assert names(cells["decode[1K-c4]"]) == [*ID_KEYS, "reason", *DECODE]
+    # the gate's verdict on the cell, then on each figure it checked
+    gate = ["gate_verdict", "gate_total_tok_s", "gate_per_request_tok_s"]
+    assert names(cells["decode[1K-c4]"]) == [*ID_KEYS, "reason", *DECODE, *gate]
+    props = dict(cells["decode[1K-c4]"].properties())
+    assert props["gate_verdict"] == "regressed" and props["gate_total_tok_s"] == "regressed"
 
 
 def test_failed_prefill_cell(cells):
     keys = [*ID_KEYS, "reason", "prompt_tok_s", "ttft_ms", "completed"]
-    assert names(cells["prefill[1K]"]) == keys
+    assert names(cells["prefill[1K]"]) == [*keys, "gate_verdict", "gate_prompt_tok_s"]
 
 
 @pytest.mark.parametrize(

@@ -53,18 +53,28 @@ def test_terminal_section_of_the_real_run(results):
     baseline = baseline_file.load(DATA / "baseline.toml")
     selected = [str(c.id) for c in results.cells]
     gate = gate_lines("baseline.toml", account(baseline, results.cells, selected))
+    # the counts name the judge's four verdicts (issue 31), where 0.1.0 said "passed"
     old = [line for line in printed.splitlines() if line.startswith(("  REGRESSION", "  no floor"))]
     assert [line for line in gate if line.startswith(("  REGRESSION", "  no floor"))] == old
     assert gate[1] == "Baseline baseline.toml: 6 regression(s), 0 improvement(s) beyond tolerance"
     assert gate[2] == (
-        "  6 baseline cell(s): 0 passed, 6 regressed, 0 not run, 0 deselected, 0 not gated"
+        "  6 baseline cell(s): 0 same, 0 improved, 0 unknown, 6 regressed, 0 not run, "
+        "0 deselected, 0 not gated"
     )
 
 
 def test_markdown_step_summary(results):
     expected = (DATA / "step_summary.md").read_text()
     title = expected.splitlines()[0].removeprefix("## ")
+    # 0.1.0's summary, and the gate's verdicts counted before its regressions (issue 31)
+    counts = "**Against the baseline**: 6 regressed, 0 unknown, 0 improved, 0 same\n\n"
+    expected = expected.replace("**Regressions**", counts + "**Regressions**", 1)
     assert summary(title, list(results.cells), list(results.run.notes)) == expected
+
+
+def _as_010(props):
+    """The properties 0.1.0 wrote: without the gate's verdicts (``gate_*``, issue 31)."""
+    return [(k, v) for k, v in props if not k.startswith("gate_")]
 
 
 def test_junit_properties(results):
@@ -73,9 +83,13 @@ def test_junit_properties(results):
     for cell in results.cells:
         case = by_name[f"test_{cell.id.phase.value}[{cell.id.param_id}]"]
         got = [(p.get("name"), p.get("value")) for p in case.iter("property")]
-        assert got == [(k, str(v)) for k, v in cell.properties()], str(cell.id)
+        assert got == [(k, str(v)) for k, v in _as_010(cell.properties())], str(cell.id)
+        gate = dict(cell.properties()).get("gate_verdict")
+        assert gate == (cell.gate.outcome.value if cell.gate else None), str(cell.id)
     stored = json.loads((DATA / "rendered" / "properties.json").read_text())
-    assert {str(c.id): [list(p) for p in c.properties()] for c in results.cells} == stored
+    assert {str(c.id): [list(p) for p in _as_010(c.properties())] for c in results.cells} == (
+        stored
+    )
 
 
 def test_pytest_benchmark_entries(results):
@@ -85,7 +99,7 @@ def test_pytest_benchmark_entries(results):
         assert match, name
         phase, param = match.groups()
         cell = results.cell(f"{phase}[{param}]")
-        assert entry["extra_info"] == dict(cell.properties())
+        assert entry["extra_info"] == dict(_as_010(cell.properties()))
         assert entry["group"] == f"llmspeed {phase}"
         samples = cell.samples.ttft_ms if phase == "prefill" else cell.samples.tbt_ms
         assert sorted(entry["data"]) == pytest.approx(sorted(ms / 1e3 for ms in samples))

@@ -136,7 +136,7 @@ def test_a_regression_against_the_baseline_says_why(tmp_path):
     assert record.reason is not None and record.reason.endswith(f"; why: {result.why}")
     assert record.to_v1()["baseline_why"] == result.why
     passed = verdict(entry, [decode_record(real_window(), 2000.0)])
-    assert passed.outcome is Outcome.PASS and passed.why == ""
+    assert passed.outcome is Outcome.SAME and passed.why == ""
     without = verdict(entry, [decode_record(None, 1200.0)])  # this run has no server figures
     assert without.outcome is Outcome.REGRESSION and without.why == ""
 

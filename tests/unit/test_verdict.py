@@ -1,6 +1,8 @@
-"""The gate's confirm rule, case by case: a figure regresses only when every attempt misses and
-so does their mean; a cell is measured again while its latest attempt misses and confirmations
-are left."""
+"""The gate's confirm rule, case by case, in the judge's four verdicts: a figure regresses only
+when every attempt misses and so does their mean; attempts that disagree, or a figure exactly
+at its limit, are unknown (too noisy to tell), one shown inside its tolerance same; a cell is
+measured again while its latest attempt misses, or a figure is unknown, and confirmations are
+left."""
 
 import dataclasses
 from pathlib import Path
@@ -23,18 +25,21 @@ def cell(total=None, ttft=None):
 # (entry, attempts' total tok/s or TTFT, outcome, measure again with confirm=1)
 CASES = [
     # floors
-    (ENTRY, [100.0], Outcome.PASS, False),
-    (ENTRY, [95.0], Outcome.PASS, False),  # at the floor: not a miss
+    (ENTRY, [100.0], Outcome.SAME, False),
+    # exactly at the floor, with no noise known: neither inside nor past it (was "passed")
+    (ENTRY, [95.0], Outcome.UNKNOWN, True),
     (ENTRY, [94.9], Outcome.REGRESSION, True),  # one attempt that misses: measure again
-    (ENTRY, [90.0, 99.0], Outcome.PASS, False),  # the re-measurement passed: noise
+    # the re-measurement passed, their mean (94.5) misses: the attempts disagree (was "passed")
+    (ENTRY, [90.0, 99.0], Outcome.UNKNOWN, False),
     (ENTRY, [90.0, 94.0], Outcome.REGRESSION, False),  # both miss: confirmed
-    (ENTRY, [80.0, 97.0, 96.0], Outcome.PASS, False),  # not every attempt misses
+    (ENTRY, [80.0, 97.0, 96.0], Outcome.UNKNOWN, False),  # not every attempt misses
     (ENTRY, [106.0], Outcome.IMPROVEMENT, False),
-    (ENTRY, [105.0], Outcome.PASS, False),  # +5 % is within tolerance
+    (ENTRY, [105.0], Outcome.UNKNOWN, True),  # +5 %, exactly at the tolerance (was "passed")
+    (ENTRY, [97.0], Outcome.SAME, False),  # −3 % with no noise: shown within 5 %
     # ceilings (lower is better)
-    (CEILING, [109.0], Outcome.PASS, False),
+    (CEILING, [109.0], Outcome.SAME, False),
     (CEILING, [120.0, 115.0], Outcome.REGRESSION, False),
-    (CEILING, [120.0, 100.0], Outcome.PASS, False),
+    (CEILING, [120.0, 100.0], Outcome.UNKNOWN, False),  # the mean sits on the ceiling, 110
     (CEILING, [85.0], Outcome.IMPROVEMENT, False),
 ]
 
@@ -66,7 +71,7 @@ def test_no_entry_is_no_floor_and_no_attempt_is_not_measured():
 
 def test_a_figure_the_cell_lacks_is_not_checked():
     result = verdict(CellBaseline(ID, {"tbt_ms": 1.0}, 0.05, 1), [cell(total=50.0)])
-    assert result.outcome is Outcome.PASS and result.checks == ()
+    assert result.outcome is Outcome.SAME and result.checks == ()
 
 
 def test_gated_record_fails_with_the_regressed_figures_and_keeps_the_attempts():
@@ -102,14 +107,19 @@ def test_every_baseline_cell_is_accounted_for():
         ),
     ]
     acc = account(baseline, cells, selected={"decode[8K-c4]", "decode[8K-c8]", "decode[8K-c64]"})
-    assert acc.passed == ("decode[8K-c4]",)
+    assert acc.same == ("decode[8K-c4]",)
     assert acc.regressed == ("decode[8K-c8]",)
     assert acc.not_run == (("decode[8K-c64]", "over capacity: Over: 64 × …"),)
     assert acc.not_gated == (
         ("prefill[8K]", "the baseline's prefill was the median of 3 cold requests"),
     )
     assert acc.deselected == ("decode[16K-c1]",)
-    counted = acc.passed + acc.regressed + acc.deselected
+    assert not (acc.improved or acc.unknown or acc.passed)
+    assert acc.counts() == (
+        "5 baseline cell(s): 1 same, 0 improved, 0 unknown, 1 regressed, 1 not run, "
+        "1 deselected, 1 not gated"
+    )
+    counted = acc.same + acc.regressed + acc.deselected
     assert len(counted) + len(acc.not_run) + len(acc.not_gated) == acc.total == len(ids)
 
 
@@ -131,21 +141,23 @@ def ci_cell(total, pm):
     return dataclasses.replace(cell(total=total), total_tok_s_ci=(total - pm, total + pm))
 
 
-# (entry, attempts as (value, ± half-width), outcome, noisy figure, measure again)
+# (entry, attempts as (value, ± half-width), outcome, unknown figure, measure again): an
+# unknown is measured again while confirmations are left
 CI_CASES = [
-    (STEADY, [(100.0, 0.5)], Outcome.PASS, False, False),
+    (STEADY, [(100.0, 0.5)], Outcome.SAME, False, False),
     (STEADY, [(97.0, 0.5)], Outcome.REGRESSION, False, True),  # 98 − 97 = 1 > √(.5²+.49²)
     # −2.5 %: past the 2 % limit, and 2.5 below the reference beyond the noise of both,
     # 2.33 × √(0.25² + 0.26²) = 0.84. (Issue 11's rule asked for the figure to be past the
     # limit beyond the intervals, 0.5 < 0.70, and called it noisy.)
     (STEADY, [(97.5, 0.5)], Outcome.REGRESSION, False, True),
-    (NOISY, [(97.5, 0.5)], Outcome.PASS, True, False),  # 2.5 below, within 7.2: noisy
+    (NOISY, [(97.5, 0.5)], Outcome.UNKNOWN, True, True),  # 2.5 below, within 7.2
     (STEADY, [(97.0, 0.5), (96.8, 0.5)], Outcome.REGRESSION, False, False),  # confirmed
-    (STEADY, [(97.0, 0.5), (99.0, 0.5)], Outcome.PASS, False, False),  # not confirmed
-    (NOISY, [(95.0, 6.0)], Outcome.PASS, True, False),  # −5 %, but ±6 % on each side
+    (STEADY, [(97.0, 0.5), (99.0, 0.5)], Outcome.UNKNOWN, True, False),  # not confirmed
+    (NOISY, [(95.0, 6.0)], Outcome.UNKNOWN, True, True),  # −5 %, but ±6 % on each side
     (NOISY, [(80.0, 1.0)], Outcome.REGRESSION, False, True),  # far beyond both intervals
     (STEADY, [(103.0, 0.5)], Outcome.IMPROVEMENT, False, False),  # +3 % beyond 2 % and noise
-    (NOISY, [(103.0, 0.5)], Outcome.PASS, False, False),  # +3 %, but the baseline is noisy
+    (NOISY, [(103.0, 0.5)], Outcome.UNKNOWN, True, True),  # +3 %, but the baseline is noisy
+    (STEADY, [(99.0, 0.5)], Outcome.SAME, False, False),  # −1 % ± 0.7 %: inside ±2 %
 ]
 
 
@@ -156,7 +168,8 @@ def test_rule_with_intervals(entry, attempts, outcome, noisy, again):
     assert result.outcome is outcome
     (check,) = result.checks
     assert check.uses_intervals
-    assert check.noisy is noisy
+    assert check.unknown is noisy
+    assert (check.more is not None) is (noisy and len(cells) == 1)  # what would decide it
     assert wants_another(entry, cells, confirm=1) is again
 
 
@@ -183,8 +196,8 @@ def test_ceilings_with_intervals():
     # (issue 11's rule: 1 past the ceiling, within the intervals' 1.43, noisy)
     assert verdict(TTFT_CI, [ttft(103.0, 1.0)]).outcome is Outcome.REGRESSION
     # with its own ±4: 3 above, within 2.33 × √(2.04² + 0.51²) = 4.9: noisy
-    assert verdict(TTFT_CI, [ttft(103.0, 4.0)]).outcome is Outcome.PASS
-    assert verdict(TTFT_CI, [ttft(103.0, 4.0)]).noisy
+    assert verdict(TTFT_CI, [ttft(103.0, 4.0)]).outcome is Outcome.UNKNOWN
+    assert verdict(TTFT_CI, [ttft(103.0, 4.0)]).unknowns
 
 
 def test_the_messages_say_beyond_or_within_the_intervals():
@@ -193,7 +206,12 @@ def test_the_messages_say_beyond_or_within_the_intervals():
         reg.message()
     )
     (noisy,) = verdict(NOISY, [ci_cell(95.0, 6.0)]).checks
-    assert "within the intervals: too noisy to tell" in noisy.noisy_message()
+    assert "is past its limit 98.0 (−5.0% against baseline 100.0 ±6.0%), but within the " in (
+        noisy.unknown_message()
+    )
+    assert "within the intervals: too noisy to tell" in noisy.unknown_message()
+    assert noisy.unknown_message().endswith("; about 4 more measurement(s) would decide it")
     data = noisy.to_v1()
     assert data["noisy"] is True and data["reference_ci"] == [94.0, 106.0]
+    assert data["verdict"] == "unknown" and data["more"] == 4
     assert type(noisy).from_v1(ID, data) == noisy

@@ -1,7 +1,9 @@
 """The gate's two levels of noise (docs/gate.md, "Across restarts"), case by case, in exact
-arithmetic: a baseline of several runs whose spread makes a −10 % figure noisy where a one-run
-baseline fails it; confirmations on fresh starts judged on the mean of all; attempts on one
-start judged as before; the spread's degrees of freedom; what the summary says."""
+arithmetic: a baseline of several runs whose spread makes a −10 % figure unknown (too noisy to
+tell) where a one-run baseline fails it; confirmations on fresh starts judged on the mean of
+all; attempts on one start judged as before; the spread's degrees of freedom; what the summary
+says. The judge (gate/judge.py) decides on the change ln(X / R) with its standard error
+√(u_X² + u_R²): regressed when past ln(1 − t) and beyond q·se."""
 
 import dataclasses
 import json
@@ -13,7 +15,15 @@ import pytest
 
 from pytest_llmspeed.gate.baseline import Baseline, CellBaseline, FigureRuns, baseline_of, load
 from pytest_llmspeed.gate.noise import UNKNOWN, Spread, pooled_spread, t_quantile, with_attempts
-from pytest_llmspeed.gate.verdict import SPREAD_UNKNOWN, account, gated, verdict, wants_another
+from pytest_llmspeed.gate.verdict import (
+    SPREAD_UNKNOWN,
+    account,
+    change_of,
+    gated,
+    variance,
+    verdict,
+    wants_another,
+)
 from pytest_llmspeed.results import (
     Z95,
     CellId,
@@ -55,9 +65,9 @@ def cell(total=None, ttft=None):
     return CellRecord(CellId.parse(ID), Status.VALID, 8192, total_tok_s=total, ttft_ms=ttft)
 
 
-def margin(x, var):
-    """q · √(X² u_X² + R² u_R²), R = 100."""
-    return Q * math.sqrt(x * x * var + (100 * U_R) ** 2)
+def margin(var):
+    """q · se of the change: q · √(u_X² + u_R²), in ln(X / R)."""
+    return Q * math.sqrt(var + U_R**2)
 
 
 def test_a_check_carries_the_baselines_noise():
@@ -65,16 +75,20 @@ def test_a_check_carries_the_baselines_noise():
     assert check.reference_se == pytest.approx(U_R, rel=1e-12)
     assert (check.spread, check.spread_dof, check.reference_runs) == (0.03, 4, 3)
     assert check.quantile == pytest.approx(Q, abs=1e-6)
-    assert check.margin(90.0, 0.03**2) == pytest.approx(margin(90.0, 0.03**2), rel=1e-6)
+    change = change_of(check)
+    assert change.log_ratio == pytest.approx(math.log(0.9), rel=1e-12)
+    assert change.se == pytest.approx(math.sqrt(0.03**2 + U_R**2), rel=1e-12)
+    assert change.df == 4 and check.change_se == pytest.approx(change.se, rel=1e-12)
 
 
-def test_minus_ten_percent_fails_a_one_run_baseline_and_is_noisy_against_three_runs():
+def test_minus_ten_percent_fails_a_one_run_baseline_and_is_unknown_against_three_runs():
     assert verdict(ONE, [cell(total=90.0)]).outcome is Outcome.REGRESSION
     result = verdict(THREE, [cell(total=90.0)])
-    # past the floor of 95, but 10 below the reference within q·√(2.7² + 1.73²) = 12.0
-    assert margin(90.0, 0.03**2) == pytest.approx(12.02, abs=0.01)
-    assert result.outcome is Outcome.PASS and result.noisy
-    # −15 %: 15 beyond q·√(2.55² + 1.73²) = 11.55
+    # past the floor of 95, but ln 0.9 = −0.105 within q·√(0.03² + 0.0173²) = 0.130
+    assert margin(0.03**2) == pytest.approx(0.1298, abs=1e-4)
+    assert result.outcome is Outcome.UNKNOWN and result.unknowns
+    assert result.checks[0].more is not None  # how many more would decide it
+    # −15 %: ln 0.85 = −0.163, beyond 0.130
     assert verdict(THREE, [cell(total=85.0)]).outcome is Outcome.REGRESSION
 
 
@@ -86,14 +100,19 @@ def test_fresh_starts_are_judged_on_the_mean_of_all_the_attempts():
         assert wants_another(THREE, attempts[:n], confirm=3, fresh_starts=True)
     assert not wants_another(THREE, attempts, confirm=3, fresh_starts=True)
     assert wants_another(THREE, [cell(total=90.0), cell(total=100.0)], 3, fresh_starts=True)
-    # the mean 88.5 of four starts: variance 0.03² / 4, 11.5 beyond q·√(1.33² + 1.73²) = 8.2
-    assert margin(88.5, 0.03**2 / 4) == pytest.approx(8.18, abs=0.01)
+    # the mean 88.5 of four starts: variance 0.03² / 4, ln 0.885 = −0.122 beyond
+    # q·√(0.015² + 0.0173²) = 0.086
+    assert margin(0.03**2 / 4) == pytest.approx(0.0858, abs=1e-4)
     result = verdict(THREE, attempts, fresh_starts=True)
     assert result.outcome is Outcome.REGRESSION
     (check,) = result.checks
     assert check.fresh_starts and check.regressed
-    # a first attempt inside its limit is not re-measured
-    assert not wants_another(THREE, [cell(total=96.0)], confirm=3, fresh_starts=True)
+    # a first attempt inside its limit but not shown within it (unknown: ±9.6 % at 4 d.f.)
+    # is re-measured too; one shown within it (same) is not
+    assert verdict(THREE, [cell(total=96.0)], fresh_starts=True).outcome is Outcome.UNKNOWN
+    assert wants_another(THREE, [cell(total=96.0)], confirm=3, fresh_starts=True)
+    assert verdict(ONE, [cell(total=96.0)], fresh_starts=True).outcome is Outcome.SAME
+    assert not wants_another(ONE, [cell(total=96.0)], confirm=3, fresh_starts=True)
 
 
 def test_a_passing_confirmation_counts_in_the_mean_on_fresh_starts():
@@ -101,7 +120,7 @@ def test_a_passing_confirmation_counts_in_the_mean_on_fresh_starts():
     # 85 alone misses; the mean 94.7 of three starts is past 95 but within the noise
     assert verdict(THREE, attempts[:1], fresh_starts=True).outcome is Outcome.REGRESSION
     result = verdict(THREE, attempts, fresh_starts=True)
-    assert result.outcome is Outcome.PASS and result.noisy
+    assert result.outcome is Outcome.UNKNOWN and result.unknowns
 
 
 def test_attempts_on_one_start_keep_the_every_attempt_rule():
@@ -110,18 +129,23 @@ def test_attempts_on_one_start_keep_the_every_attempt_rule():
     assert wants_another(THREE, attempts[:1], confirm=1)
     assert verdict(THREE, attempts).outcome is Outcome.REGRESSION
     (check,) = verdict(THREE, attempts).checks
-    assert check.variance() == pytest.approx(0.03**2)  # σ_b² + mean w² / n, w = 0
-    noisy_first = [cell(total=90.0)]
-    assert not wants_another(THREE, noisy_first, confirm=1)  # noisy is not a miss
-    assert verdict(THREE, [cell(total=85.0), cell(total=90.0)]).outcome is Outcome.PASS
+    assert variance(check) == pytest.approx(0.03**2)  # σ_b² + mean w² / n, w = 0
+    # an unknown first attempt is not a miss, but is measured again: what Pinpoint repeats
+    unknown_first = [cell(total=90.0)]
+    assert wants_another(THREE, unknown_first, confirm=1)
+    assert not wants_another(THREE, unknown_first, confirm=0)
+    # the second attempt does not miss: not confirmed, too noisy to tell (was "passed")
+    assert verdict(THREE, [cell(total=85.0), cell(total=90.0)]).outcome is Outcome.UNKNOWN
 
 
 def test_improvements_and_ceilings_mirror_the_floor():
-    assert verdict(THREE, [cell(total=112.0)]).outcome is Outcome.PASS  # 12 < 14.2
-    assert verdict(THREE, [cell(total=120.0)]).outcome is Outcome.IMPROVEMENT  # 20 > 15.0
-    assert verdict(TTFT, [cell(ttft=115.0)]).outcome is Outcome.REGRESSION  # 15 > 14.5
-    slow = verdict(TTFT, [cell(ttft=112.0)])  # 12 < 14.2
-    assert slow.outcome is Outcome.PASS and slow.noisy
+    # ln 1.12 = 0.113 < 0.130: past +5 %, not beyond the noise (was "passed")
+    assert verdict(THREE, [cell(total=112.0)]).outcome is Outcome.UNKNOWN
+    assert verdict(THREE, [cell(total=120.0)]).outcome is Outcome.IMPROVEMENT  # 0.182 > 0.130
+    # a ceiling's change is ln(1 − (X / R − 1)): its limit R·(1 + t) is the judge's ln(1 − t)
+    assert verdict(TTFT, [cell(ttft=115.0)]).outcome is Outcome.REGRESSION  # 0.163 > 0.130
+    slow = verdict(TTFT, [cell(ttft=112.0)])  # ln 0.88 = −0.128, within 0.130
+    assert slow.outcome is Outcome.UNKNOWN and slow.unknowns
 
 
 def test_the_window_noise_adds_to_the_spread():
@@ -130,8 +154,8 @@ def test_the_window_noise_adds_to_the_spread():
     rec = dataclasses.replace(cell(total=x), total_tok_s_ci=(x * 0.98, x * 1.02))
     (check,) = verdict(THREE, [rec]).checks
     w = 0.02 / 1.959963984540054
-    assert check.variance() == pytest.approx(0.03**2 + w**2, rel=1e-9)
-    assert check.noisy  # 12 below, within q·√(88²(0.03² + w²) + 1.73²) = 12.6
+    assert variance(check) == pytest.approx(0.03**2 + w**2, rel=1e-9)
+    assert check.unknown  # ln 0.88 = −0.128, within q·√(0.03² + w² + 0.0173²) = 0.134
 
 
 def test_a_one_run_baseline_says_its_spread_is_unknown():
@@ -159,10 +183,11 @@ def test_messages_name_the_runs_and_the_spread():
         "− 5%): −15.0%, beyond the noise (between-run spread 3.0%)"
     )
     (noisy,) = verdict(THREE, [cell(total=90.0)]).checks
-    assert noisy.noisy_message() == (
+    assert noisy.unknown_message() == (
         "decode[8K-c4] total tok/s 90.0 ±5.9% is past its limit 95.0 (−10.0% against baseline "
         "of 3 runs 100.0 ±3.4%), but within the noise between runs (spread 3.0%): too noisy to "
-        "tell (more runs in the baseline, or confirmations on fresh starts, narrow it)"
+        f"tell (more runs in the baseline, or confirmations on fresh starts, narrow it); about "
+        f"{noisy.more} more measurement(s) would decide it"
     )
     fresh = verdict(THREE, [cell(total=v) for v in (90.0, 88.0)], fresh_starts=True)
     assert fresh.checks[0].message().endswith("[attempts on fresh starts: 90.0, 88.0]")
@@ -201,9 +226,9 @@ def test_fresh_starts_pool_their_own_spread_with_the_baselines():
     assert slower.sigma == pytest.approx(pooled.sigma, rel=1e-12)
     # the quantile falls with the degrees of freedom: confirmations buy power
     assert pooled.quantile < base.quantile
-    # a 10 % slower cell: noisy on its first attempt, a regression once 5 fresh starts agree
+    # a 10 % slower cell: unknown on its first attempt, a regression once 5 fresh starts agree
     first = verdict(THREE, [cell(total=90.0)], fresh_starts=True)
-    assert first.outcome is Outcome.PASS and first.checks[0].noisy
+    assert first.outcome is Outcome.UNKNOWN and first.checks[0].unknown
     agreed = [cell(total=v) for v in (90.0, 89.5, 90.5, 90.0, 89.8, 90.2)]
     assert verdict(THREE, agreed, fresh_starts=True).outcome is Outcome.REGRESSION
 

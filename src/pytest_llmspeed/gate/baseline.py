@@ -264,6 +264,36 @@ def baseline_of(
     return baseline
 
 
+def reference_of(
+    records: Iterable[CellRecord],
+    tolerance: float = DEFAULT_TOLERANCE,
+    path: str | Path = "<memory>",
+) -> Baseline:
+    """The one-run baseline a run's measured records make, in memory, as
+    ``--llm-save-baseline`` would write it and :func:`load` read it back: each cell's floors
+    with their intervals, rounded as the file rounds them (values to the figure's digits,
+    intervals outwards). What ``compare`` judges a later run against, so that it and the
+    stored gate give the same verdicts."""
+    baseline = Baseline(Path(path), {"runs": 1}, tolerance)
+    for rec in records:
+        if not rec.measured:
+            continue
+        limits: dict[str, float] = {}
+        intervals: dict[str, Pair] = {}
+        for metric, one, gated in _record_figures(rec):
+            if not gated:
+                continue
+            nd = figures.by_key(metric).digits
+            limits[metric] = round(one.values[0], nd)
+            ci = one.intervals[0]
+            if ci is not None:
+                intervals[metric] = _outwards(ci, nd)
+        if limits:
+            cid = str(rec.id)
+            baseline.cells[cid] = CellBaseline(cid, limits, tolerance, 0, intervals)
+    return baseline
+
+
 def _interval(value: Any) -> Pair | None:
     """``[low, high]`` of two positive numbers, low ≤ high; None for anything else."""
     pair = value if isinstance(value, list) else []

@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..results import Z95, Z99, Pair
+from ..results import Z95, Z99, Pair, relative_se
 
 #: the one-sided level of the gate's test (Z99 its normal quantile)
 LEVEL = 0.99
@@ -38,11 +38,9 @@ __all__ = [
 ]
 
 
-def within_se(value: float, ci: Pair | None) -> float:
-    """A figure's relative standard error from its 95 % interval (0 without one)."""
-    if ci is None or value <= 0:
-        return 0.0
-    return (ci[1] - ci[0]) / 2 / value / Z95
+#: a figure's relative standard error from its 95 % interval (0 without one): the results
+#: model's one reading of an interval as noise
+within_se = relative_se
 
 
 def _t_cdf(t: float, df: int) -> float:

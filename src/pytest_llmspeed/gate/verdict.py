@@ -15,20 +15,28 @@ measured again, up to the number of confirmations the user allows (:func:`wants_
   slowdowns, for 0.16 % and 0.09 % false failures, where stopping at the first attempt that
   passes caught 15 % and 18 %, and confirming only a first attempt that misses 27 % and 45 %.
 
-The pytest layer asks for the re-measurements and turns the verdict into pass or fail; nothing
-here measures or prints.
+Each figure's verdict is the judge's (gate/judge.py): the check's change ``ln(value /
+reference)``, signed so that positive is better, with its standard error from the windows'
+intervals, the reference's error and the spread between starts (:func:`change_of`), is
+regressed, improved, same or unknown. On one start a regression also needs every attempt to
+miss; attempts that disagree are unknown.
+
+The pytest layer asks for the re-measurements (:func:`confirm`, the one loop) and turns the
+verdict into pass or fail; nothing here prints.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from .. import figures
 from ..results import CellRecord, Check, GateVerdict, Outcome, Phase, Status
 from .baseline import Baseline, CellBaseline
-from .noise import Spread, reference_se, with_attempts
+from .judge import Change, Verdict, judge, more_needed, verdict_of
+from .noise import Spread, reference_se, with_attempts, within_se
 
 #: the summary's line when the between-run spread is unknown
 SPREAD_UNKNOWN = (
@@ -73,7 +81,88 @@ def checks(
                 fresh_starts=fresh_starts,
             )
         )
-    return tuple(out)
+    return tuple(judged(c) for c in out)
+
+
+# -- one check's arithmetic: the noise model and the judge --------------------------------------
+
+
+def _indices(check: Check, attempts: Sequence[int] | None) -> Sequence[int]:
+    return range(len(check.values)) if attempts is None else attempts
+
+
+def variance(check: Check, attempts: Sequence[int] | None = None) -> float:
+    """The relative variance of one attempt, or of the mean of ``attempts`` (indices; all by
+    default): the spread between starts and the windows' noise, divided as the attempts shared
+    a start or not: ``(σ_b² + mean w²) / n`` on fresh starts, ``σ_b² + mean w² / n`` on one."""
+    idx = _indices(check, attempts)
+    n = len(idx)
+    s2 = (check.spread or 0.0) ** 2
+    cis = check.values_ci
+    w2 = sum(within_se(check.values[i], cis[i] if i < len(cis) else None) ** 2 for i in idx) / n
+    return (s2 + w2) / n if check.fresh_starts else s2 + w2 / n
+
+
+def change_of(check: Check, attempts: Sequence[int] | None = None) -> Change:
+    """The check as the judge's :class:`~.judge.Change`: ``ln(1 + c)`` where c is the relative
+    change of the mean of ``attempts`` (all by default) against the reference, positive better
+    (a floor's ``X / R − 1``, a ceiling's ``1 − X / R``): a floor's is ``ln(X / R)``, and a
+    figure exactly at its limit ``R·(1 ∓ t)`` sits exactly on the judge's ``ln(1 ∓ t)``, so the
+    judge's limits are the baseline's floors and ceilings. Its standard error from the
+    attempts' variance and the reference's (``√(u_X² + u_R²)``, relative errors as log ones);
+    its degrees of freedom those of the spread between starts (None: the spread unknown, the
+    normal quantiles)."""
+    idx = _indices(check, attempts)
+    mean = sum(check.values[i] for i in idx) / len(idx)
+    rel = (mean - check.reference) / check.reference
+    better = rel if check.is_floor else -rel
+    d = math.log1p(better) if better > -1 else -math.inf
+    se = math.sqrt(variance(check, idx) + check.reference_u**2)
+    df = check.spread_dof if check.spread is not None and check.spread_dof > 0 else None
+    return Change(d, se, df, len(idx))
+
+
+def _tolerance(check: Check) -> float:
+    return min(max(check.tolerance, 1e-9), 1 - 1e-9)  # the judge's open interval (0, 1)
+
+
+def attempt_misses(check: Check, i: int) -> bool:
+    """Attempt ``i`` alone is regressed (past its limit, worse beyond the noise)."""
+    return mean_misses(check, [i])
+
+
+def mean_misses(check: Check, attempts: Sequence[int] | None = None) -> bool:
+    """The mean of ``attempts`` (all by default) is regressed, with its variance."""
+    return verdict_of(change_of(check, attempts), _tolerance(check)) is Verdict.REGRESSED
+
+
+def past_limit(check: Check, attempts: Sequence[int] | None = None) -> bool:
+    """The mean of ``attempts`` is past the limit (regressed, or too noisy to tell)."""
+    idx = _indices(check, attempts)
+    mean = sum(check.values[i] for i in idx) / len(idx)
+    return mean < check.limit if check.is_floor else mean > check.limit
+
+
+def judged(check: Check) -> Check:
+    """The check with its verdict: the judge's on the mean of all the attempts. Attempts on
+    one start regress only when every one of them misses too; when they disagree the figure is
+    unknown (about how many more measurements would decide it: ``more``)."""
+    tolerance = _tolerance(check)
+    found = judge(change_of(check), tolerance)
+    verdict, more = found.verdict, found.more
+    if (
+        verdict is Verdict.REGRESSED
+        and not check.fresh_starts
+        and not all(attempt_misses(check, i) for i in range(len(check.values)))
+    ):
+        verdict, more = Verdict.UNKNOWN, more_needed(found.change, tolerance)
+    return dataclasses.replace(
+        check,
+        verdict=verdict.value,
+        change_se=found.change.se,
+        value_se=math.sqrt(variance(check)),
+        more=more,
+    )
 
 
 def verdict(
@@ -87,11 +176,23 @@ def verdict(
     if not attempts:
         return GateVerdict(Outcome.NOT_MEASURED)
     found = checks(entry, attempts, fresh_starts)
-    if any(c.regressed for c in found):
-        return GateVerdict(Outcome.REGRESSION, found, why(entry, attempts))
-    if any(c.improved for c in found):
-        return GateVerdict(Outcome.IMPROVEMENT, found, why(entry, attempts))
-    return GateVerdict(Outcome.PASS, found)
+    outcome = outcome_of(found)
+    if outcome in (Outcome.REGRESSION, Outcome.IMPROVEMENT):
+        return GateVerdict(outcome, found, why(entry, attempts))
+    return GateVerdict(outcome, found)
+
+
+def outcome_of(found: Sequence[Check]) -> Outcome:
+    """A cell's verdict from its figures': regressed if one regressed, else unknown if one is
+    too noisy to tell, else improved if one improved, else same (no figure: same)."""
+    for word, outcome in (
+        ("regressed", Outcome.REGRESSION),
+        ("unknown", Outcome.UNKNOWN),
+        ("improved", Outcome.IMPROVEMENT),
+    ):
+        if any(c.verdict == word for c in found):
+            return outcome
+    return Outcome.SAME
 
 
 def why(entry: CellBaseline, attempts: Sequence[CellRecord]) -> str:
@@ -129,16 +230,48 @@ def wants_another(
     confirm: int,
     fresh_starts: bool = False,
 ) -> bool:
-    """Should the cell be measured again? Not once ``confirm`` re-measurements were made. On
+    """Should the cell be measured again? Not once ``confirm`` re-measurements were made.
+    While some figure is unknown (what Pinpoint repeats: only what it could not decide). On
     one start: while the latest attempt misses on some figure. On fresh starts (the next
     measurement too): once the first attempt is past its limit on some figure (a miss, or
     within the noise), until every confirmation is taken."""
     if entry is None or not attempts or len(attempts) > confirm:
         return False
     found = checks(entry, attempts, fresh_starts)
+    if any(c.unknown for c in found):
+        return True
     if fresh_starts:
-        return any(c.past_limit([0]) for c in found)
-    return any(c.last_misses for c in found)
+        return any(past_limit(c, [0]) for c in found)
+    return any(attempt_misses(c, len(c.values) - 1) for c in found)
+
+
+def confirm(
+    entry: CellBaseline | None,
+    first: CellRecord,
+    again: Callable[[], CellRecord | None],
+    most: int,
+    fresh_starts: bool = False,
+    allowed: Callable[[], bool] = lambda: True,
+) -> tuple[CellRecord, int]:
+    """The one confirmation loop (a test's cell, a warm-up gated at the session's end):
+    measure the cell again (``again``; None: the re-measurement failed, judge what was
+    measured) while :func:`wants_another` says so, at most ``most`` times, and while
+    ``allowed()`` (the time budget: when it stops one, the record's notes say so). The cell's
+    record carrying its verdict (:func:`gated`) and how many re-measurements were made."""
+    attempts = [first]
+    cut = False
+    while wants_another(entry, attempts, most, fresh_starts):
+        if not allowed():
+            cut = True
+            break
+        nxt = again()
+        if nxt is None:
+            break
+        attempts.append(nxt)
+    record = gated(first, verdict(entry, attempts, fresh_starts), attempts)
+    if cut:
+        record = dataclasses.replace(record, notes=(*record.notes, BUDGET_NOTE))
+    return record, len(attempts) - 1
 
 
 def gated(record: CellRecord, result: GateVerdict, attempts: Sequence[CellRecord]) -> CellRecord:
@@ -147,8 +280,13 @@ def gated(record: CellRecord, result: GateVerdict, attempts: Sequence[CellRecord
     changes: dict[str, object] = {"gate": result}
     if len(attempts) > 1:
         metrics = [c.metric for c in result.checks]
+        cis = [figures.by_key(m).ci_key for m in metrics if figures.by_key(m).ci]
         keys = (*metrics, "ttft_ms", "stability_cv")
-        changes["attempts"] = tuple({k: getattr(a, k, None) for k in keys} for a in attempts)
+        changes["attempts"] = tuple(
+            {k: getattr(a, k, None) for k in keys}
+            | {k: list(ci) for k in cis if (ci := getattr(a, k, None)) is not None}
+            for a in attempts
+        )
     if result.outcome is Outcome.REGRESSION:
         changes["status"] = Status.FAILED
         changes["reason"] = "; ".join(c.message() for c in result.regressions) + (
@@ -159,14 +297,18 @@ def gated(record: CellRecord, result: GateVerdict, attempts: Sequence[CellRecord
 
 @dataclass(frozen=True)
 class Accounting:
-    """Every baseline cell, in one of five places; the counts add up to the baseline's cells.
+    """Every baseline cell, in one of the places below; the counts add up to the baseline's
+    cells.
 
-    ``not_run`` are cells this run selected but could not measure (over capacity, does not fit,
-    refused, stopped): an upgrade that can no longer serve a cell has regressed. ``deselected``
-    are cells the user left out (``-m``, ``-k``, options): information."""
+    Measured and judged: ``regressed``, ``unknown`` (too noisy to tell), ``improved``,
+    ``same`` (shown within tolerance), ``passed`` (a stored verdict of an earlier version, which
+    did not tell same from unknown). ``not_run`` are cells this run selected but could not
+    measure (over capacity, does not fit, refused, stopped): an upgrade that can no longer
+    serve a cell has regressed. ``deselected`` are cells the user left out (``-m``, ``-k``,
+    options): information."""
 
     total: int
-    passed: tuple[str, ...]
+    same: tuple[str, ...]
     regressed: tuple[str, ...]
     not_gated: tuple[tuple[str, str], ...]  # (cell, why)
     not_run: tuple[tuple[str, str], ...]  # (cell, why)
@@ -174,10 +316,38 @@ class Accounting:
     no_floor: tuple[str, ...]  # measured cells the baseline has no entry for
     regressions: tuple[Check, ...]  # the regressed figures of the regressed cells
     improvements: tuple[Check, ...]
-    noisy: tuple[Check, ...] = ()  # past their limit, within the noise: not failures
+    #: the figures too noisy to tell (of every cell not regressed): not failures unless
+    #: --llm-unknown=fail
+    unknowns: tuple[Check, ...] = ()
     runs: int = 1  # runs the baseline was made of
     #: (metric, spread) of the gated figures; every spread unknown: a one-run baseline
     spread: tuple[tuple[str, Spread], ...] = ()
+    improved: tuple[str, ...] = ()
+    unknown: tuple[str, ...] = ()
+    passed: tuple[str, ...] = ()  # an earlier version's stored "passed"
+    #: cells whose re-measurements the time budget (--llm-budget) cut short
+    budget_cut: tuple[str, ...] = ()
+    #: --llm-unknown=fail: a cell too noisy to tell fails the run
+    unknown_fails: bool = False
+
+    @property
+    def fails(self) -> bool:
+        """Regressed cells, or unknown ones under --llm-unknown=fail (cells not run are the
+        caller's: --llm-baseline-missing)."""
+        return bool(self.regressed) or (self.unknown_fails and bool(self.unknown))
+
+    noisy = property(lambda self: self.unknowns)
+
+    def counts(self) -> str:
+        """``14 baseline cell(s): 8 same, 1 improved, 1 unknown, 3 regressed, 1 not run, 0
+        deselected, 0 not gated`` (an earlier version's ``passed`` only when there are)."""
+        passed = f"{len(self.passed)} passed (stored), " if self.passed else ""
+        return (
+            f"{self.total} baseline cell(s): {len(self.same)} same, {len(self.improved)} "
+            f"improved, {len(self.unknown)} unknown, {passed}{len(self.regressed)} regressed, "
+            f"{len(self.not_run)} not run, {len(self.deselected)} deselected, "
+            f"{len(self.not_gated)} not gated"
+        )
 
     @property
     def spread_unknown(self) -> bool:
@@ -196,7 +366,22 @@ class Accounting:
         return f"between-run spread from {self.runs} runs: {shown}"
 
 
+def counted(cells: Iterable[CellRecord]) -> str:
+    """The gate's verdicts on a run's cells, counted: ``3 regressed, 1 unknown, 0 improved, 8
+    same`` (``, 2 passed`` for an earlier version's stored passes); "" when no cell was
+    gated. What the page and the job summary say, from the results alone."""
+    found = [c.gate.outcome for c in cells if c.gate is not None and c.gate.outcome.judged]
+    if not found:
+        return ""
+    four = (Outcome.REGRESSION, Outcome.UNKNOWN, Outcome.IMPROVEMENT, Outcome.SAME)
+    text = ", ".join(f"{found.count(o)} {o.value}" for o in four)
+    passed = found.count(Outcome.PASS)
+    return text + (f", {passed} passed (an earlier version's verdict)" if passed else "")
+
+
 NOT_GATED = "not gated: "
+#: a cell's note when the time budget (--llm-budget) stopped its re-measurements
+BUDGET_NOTE = "re-measurement stopped: the time budget (--llm-budget) is spent"
 _NOT_RUN_WORDS = {
     Status.OVER_CAPACITY: "over capacity",
     Status.DOES_NOT_FIT: "does not fit",
@@ -217,19 +402,24 @@ def _why_not_run(cell: CellRecord) -> str:
     return f"{word}: {reason}" if reason else word
 
 
-def account(baseline: Baseline, cells: Iterable[CellRecord], selected: Iterable[str]) -> Accounting:
+def account(
+    baseline: Baseline,
+    cells: Iterable[CellRecord],
+    selected: Iterable[str],
+    unknown_fails: bool = False,
+) -> Accounting:
     """Where each baseline cell stands after a run. ``selected``: the ids of the cells the run
-    set out to measure (its test items after ``-m`` / ``-k``)."""
+    set out to measure (its test items after ``-m`` / ``-k``); ``unknown_fails``:
+    --llm-unknown=fail."""
     by_id = {str(c.id): c for c in cells}
     chosen = set(selected)
-    passed: list[str] = []
-    regressed: list[str] = []
+    placed: dict[Outcome, list[str]] = {o: [] for o in Outcome}
     not_gated: list[tuple[str, str]] = []
     not_run: list[tuple[str, str]] = []
     deselected: list[str] = []
     regressions: list[Check] = []
     improvements: list[Check] = []
-    noisy: list[Check] = []
+    unknowns: list[Check] = []
     for cid in baseline.cells:
         cell = by_id.get(cid)
         if cell is None:
@@ -239,30 +429,37 @@ def account(baseline: Baseline, cells: Iterable[CellRecord], selected: Iterable[
                 deselected.append(cid)
         elif not cell.measured:
             not_run.append((cid, _why_not_run(cell)))
-        elif cell.gate is None or cell.gate.outcome is Outcome.NOT_MEASURED:
+        elif cell.gate is None or not cell.gate.outcome.judged:
             why = next((n for n in cell.notes if n.startswith(NOT_GATED)), NOT_GATED + "?")
             not_gated.append((cid, why.removeprefix(NOT_GATED)))
-        elif cell.gate.outcome is Outcome.REGRESSION:
-            regressed.append(cid)
-            regressions.extend(cell.gate.regressions)
         else:
-            passed.append(cid)
-            improvements.extend(cell.gate.improvements)
-            noisy.extend(cell.gate.noisy)
+            placed[cell.gate.outcome].append(cid)
+            if cell.gate.outcome is Outcome.REGRESSION:
+                regressions.extend(cell.gate.regressions)
+            else:
+                improvements.extend(cell.gate.improvements)
+                unknowns.extend(cell.gate.unknowns)
     no_floor = tuple(
         str(c.id) for c in by_id.values() if c.gate and c.gate.outcome is Outcome.NO_FLOOR
     )
     return Accounting(
         total=len(baseline.cells),
-        passed=tuple(passed),
-        regressed=tuple(regressed),
+        same=tuple(placed[Outcome.SAME]),
+        regressed=tuple(placed[Outcome.REGRESSION]),
         not_gated=tuple(not_gated),
         not_run=tuple(not_run),
         deselected=tuple(deselected),
         no_floor=no_floor,
         regressions=tuple(regressions),
         improvements=tuple(improvements),
-        noisy=tuple(noisy),
+        unknowns=tuple(unknowns),
         runs=baseline.runs,
         spread=tuple(baseline.spread.items()),
+        improved=tuple(placed[Outcome.IMPROVEMENT]),
+        unknown=tuple(placed[Outcome.UNKNOWN]),
+        passed=tuple(placed[Outcome.PASS]),
+        budget_cut=tuple(
+            cid for cid in baseline.cells if cid in by_id and BUDGET_NOTE in by_id[cid].notes
+        ),
+        unknown_fails=unknown_fails,
     )

@@ -261,25 +261,25 @@ class CellRunner:
         pytest.fail(why, pytrace=False)
 
     def _finish(self, record: CellRecord, again: Callable[[], CellRecord]) -> CellRecord:
-        """Gate on the baseline (re-measuring a miss), record, attach, report to
-        pytest-benchmark, and fail on a confirmed regression."""
-        from ..gate.verdict import gated, verdict, wants_another
+        """Gate on the baseline (re-measuring a miss or an unknown: the gate's one
+        confirmation loop, GateSession.confirmed), record, attach, report to pytest-benchmark,
+        and fail on a confirmed regression."""
         from . import benchmark
 
         run = self.run
         if run.ab is not None:  # an A/B judges the cell when its block ends (plugin/ab.py)
             return run.ab.finish(self.request, record)
-        baseline = run.gate.baseline
-        if baseline is not None:
-            entry = baseline.cells.get(str(record.id))
-            attempts = [record]
+        if run.gate.baseline is not None:
+            first = record
+
+            def measure() -> CellRecord:
+                self._fresh_start(first)
+                return again()
+
             fresh = run.server.restartable  # each re-measurement on a fresh start
-            while wants_another(entry, attempts, run.settings.confirm, fresh_starts=fresh):
-                self._fresh_start(record)
-                attempts.append(again())
-            record = gated(record, verdict(entry, attempts, fresh_starts=fresh), attempts)
-            if len(attempts) > 1:
-                words = run.server.remeasured_words(len(attempts) - 1)
+            record, remeasured = run.gate.confirmed(record, measure, fresh)
+            if remeasured:
+                words = run.server.remeasured_words(remeasured)
                 record = dataclasses.replace(record, notes=(*record.notes, words))
         dropped = run.gate.capacity_miss(record)
         if dropped:

@@ -5,9 +5,13 @@ every baseline cell, whether the session fails for them, and the baseline it sav
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core.errors import LLMSpeedError
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from ..gate.baseline import Baseline
@@ -32,6 +36,8 @@ class GateSession:
         self.settings = settings
         self._server, self._store, self._selection = server, store, selection
         self.baseline: Baseline | None = None
+        #: seconds spent re-measuring (confirmations), against --llm-budget
+        self.remeasuring_s = 0.0
         if settings.baseline:
             from ..gate.baseline import load
 
@@ -131,6 +137,41 @@ class GateSession:
         except BaselineError as exc:
             raise ValueError(f"--llm-save-baseline: {exc}") from None
 
+    def budget_left(self) -> bool:
+        """May another re-measurement start (--llm-budget not yet spent)?"""
+        budget = self.settings.budget
+        return budget is None or self.remeasuring_s < budget
+
+    def timed(self, measure: Callable[[], T]) -> T:
+        """Run one re-measurement (a restart included), counting its time against the
+        budget."""
+        started = time.monotonic()
+        try:
+            return measure()
+        finally:
+            self.remeasuring_s += time.monotonic() - started
+
+    def confirmed(
+        self,
+        record: CellRecord,
+        again: Callable[[], CellRecord | None],
+        fresh_starts: bool,
+    ) -> tuple[CellRecord, int]:
+        """Gate ``record`` on its baseline entry through the one confirmation loop
+        (gate/verdict.py's ``confirm``): re-measured with ``again`` (timed against the budget)
+        while a figure is unknown or a miss is not yet confirmed, up to --llm-confirm times."""
+        from ..gate.verdict import confirm
+
+        assert self.baseline is not None
+        return confirm(
+            self.baseline.cells.get(str(record.id)),
+            record,
+            lambda: self.timed(again),
+            self.settings.confirm,
+            fresh_starts=fresh_starts,
+            allowed=self.budget_left,
+        )
+
     def warmup_cells(self) -> list[str]:
         """Cells gated at the session's end (no test of their own ran)."""
         from ..report.terminal import WARMUP_NOTE
@@ -139,8 +180,9 @@ class GateSession:
 
     def fails_session(self, interrupted: bool) -> bool:
         """At the session's end: gate the warm-ups (re-measuring a miss unless the session
-        was interrupted); does the gate fail a session that passed? A regressed warm-up, or a
-        baseline cell not run when --llm-baseline-missing=fail."""
+        was interrupted); does the gate fail a session that passed? A regressed warm-up, a
+        baseline cell not run when --llm-baseline-missing=fail, a cell too noisy to tell when
+        --llm-unknown=fail."""
         if self.baseline is None or not self._server.started:
             return False
         self.gate_warmups(remeasure=not interrupted)
@@ -148,14 +190,14 @@ class GateSession:
         return acc is not None and (
             any(c in acc.regressed for c in self.warmup_cells())
             or (bool(acc.not_run) and self.settings.baseline_missing == "fail")
+            or (acc.unknown_fails and bool(acc.unknown))
         )
 
     def gate_warmups(self, remeasure: bool) -> None:
         """Gate the prefill figures that decode warm-ups measured when no prefill test ran
         (``-m decode``): what a run measures is gated, whatever selected it. A warm-up that is
         not comparable with the baseline's prefill cell says why instead."""
-        from ..core.records import prefill_record
-        from ..gate.verdict import NOT_GATED, gated, verdict, wants_another
+        from ..gate.verdict import NOT_GATED
         from ..report.terminal import WARMUP_NOTE
         from ..results import Phase
 
@@ -177,34 +219,45 @@ class GateSession:
                 )
                 store.record(dataclasses.replace(record, notes=(*record.notes, why)))
                 continue
-            attempts = [record]
             notes = [WARMUP_NOTE]
-            tokens, max_tokens = record.context_tokens, record.max_tokens
-            while (
-                remeasure
-                and server.bench is not None
-                and wants_another(entry, attempts, self.settings.confirm, fresh_starts=fresh)
-            ):
-                assert tokens is not None and max_tokens is not None
-                try:
-                    server.fresh_start(record.id.context)
-                    assert server.bench is not None
-                    again = server.bench.prefill_again(tokens, max_tokens)
-                except (LLMSpeedError, ValueError) as exc:  # gate on what was measured, say so
-                    notes.append(server.redact(f"re-measurement failed: {exc}"))
-                    break
-                attempts.append(prefill_record(record.id.context, again))
-            if len(attempts) > 1:
-                notes.append(server.remeasured_words(len(attempts) - 1))
-            result = gated(record, verdict(entry, attempts, fresh_starts=fresh), attempts)
+
+            def again(record: CellRecord = record, notes: list[str] = notes) -> CellRecord | None:
+                return self._prefill_again(record, notes) if remeasure else None
+
+            result, remeasured = self.confirmed(record, again, fresh)
+            if remeasured:
+                notes.append(server.remeasured_words(remeasured))
             store.record(dataclasses.replace(result, notes=(*result.notes, *notes)))
+
+    def _prefill_again(self, record: CellRecord, notes: list[str]) -> CellRecord | None:
+        """A warm-up's prefill measured again on a fresh start; None (and a note) when that
+        failed: the cell is gated on what was measured."""
+        from ..core.records import prefill_record
+
+        server = self._server
+        tokens, max_tokens = record.context_tokens, record.max_tokens
+        if server.bench is None or tokens is None or max_tokens is None:
+            return None
+        try:
+            server.fresh_start(record.id.context)
+            assert server.bench is not None
+            result = server.bench.prefill_again(tokens, max_tokens)
+        except (LLMSpeedError, ValueError) as exc:  # gate on what was measured, say so
+            notes.append(server.redact(f"re-measurement failed: {exc}"))
+            return None
+        return prefill_record(record.id.context, result)
 
     def accounting(self) -> Accounting | None:
         from ..gate.verdict import account
 
         if self.baseline is None:
             return None
-        return account(self.baseline, self._store.cells.values(), self._selection.selected)
+        return account(
+            self.baseline,
+            self._store.cells.values(),
+            self._selection.selected,
+            unknown_fails=self.settings.unknown == "fail",
+        )
 
     def save(self) -> str | None:
         """--llm-save-baseline: write this run's cells as a baseline, or add them as one more

@@ -1,32 +1,30 @@
 """Two runs side by side — before and after an upgrade — with a verdict per cell.
 
-Pure functions of two :class:`~pytest_llmspeed.results.Results`. Each cell's headline figure
-(total tok/s for decode, prompt tok/s for prefill) is compared; a change is a regression or an
-improvement only beyond a threshold that uses the cell's own noise:
-
-    threshold = max(tolerance, 3 × √(se_old² + se_new²))
-
-where ``se`` is the relative standard error of the figure in its run: its 95 % interval's
-half-width / 1.96 where the cell has one (docs/metrics.md, "Uncertainty"), else for a decode
-cell the coefficient of variation of its per-second throughput over √(seconds measured) (files
-written before intervals), and the spread
-of its attempts when it was measured again; for a prefill cell with 3 or more repeats, the
-median absolute deviation of its cold requests (×1.4826) over √n. A cell with no noise
-estimate (one cold request) gets the tolerance.
+Pure functions of two :class:`~pytest_llmspeed.results.Results`, judged by the stored-baseline
+gate itself: the old run is read as a one-run baseline (:func:`~..gate.baseline.reference_of`,
+the floors a ``--llm-save-baseline`` of it would hold, with their intervals) and each cell of
+the new run, with its re-measurements when it had some, goes through the gate's
+:func:`~..gate.verdict.verdict`: the same noise model (the windows' intervals; a one-run
+baseline knows no spread between starts) and the judge's four verdicts (gate/judge.py) —
+regressed, improved, same (shown within tolerance) or unknown (too noisy to tell). So
+``compare OLD NEW`` and ``pytest --llm-baseline`` on a baseline saved from OLD give the same
+verdict on every cell. The matrix shows each cell's headline figure (total tok/s for decode,
+prompt tok/s for prefill).
 """
 
 from __future__ import annotations
 
-import math
-import statistics
+import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 
 from tabulate import tabulate
 
 from .. import figures
+from ..gate.baseline import reference_of
 from ..gate.explain import Explanation, Side, change_noise, explain
-from ..results import CellRecord, Phase, Results, Status, order_contexts
+from ..gate.verdict import change_of, verdict
+from ..results import CellRecord, Check, Outcome, Phase, Results, Status, order_contexts
 
 DEFAULT_TOLERANCE = 0.05
 #: run settings whose difference makes two runs measure different things
@@ -34,9 +32,12 @@ SETTINGS = ("api", "prompt_form", "max_output", "duration_s", "prefill_repeats")
 
 
 class Verdict(Enum):
-    REGRESSION = "regression"
-    IMPROVEMENT = "improvement"
-    WITHIN_NOISE = "within noise"
+    """A cell's verdict: the judge's four (its figures' worst), or why there is none."""
+
+    REGRESSION = "regressed"
+    UNKNOWN = "unknown"
+    IMPROVEMENT = "improved"
+    SAME = "same"
     ONLY_OLD = "only in the old run"
     ONLY_NEW = "only in the new run"
     OVER_CAPACITY = "over capacity in both"
@@ -44,9 +45,13 @@ class Verdict(Enum):
     NOT_MEASURED = "not measured in both"
 
     def counted(self, n: int) -> str:
-        """``3 regressions``, ``1 within noise``."""
-        plural = "s" if n != 1 and self in (Verdict.REGRESSION, Verdict.IMPROVEMENT) else ""
-        return f"{n} {self.value}{plural}"
+        """``3 regressed``, ``1 same``."""
+        return f"{n} {self.value}"
+
+    @property
+    def judged(self) -> bool:
+        """One of the judge's four verdicts (both runs measured the cell)."""
+        return self in _JUDGED
 
     @property
     def short(self) -> str:
@@ -60,6 +65,13 @@ _SHORT = {
     Verdict.OVER_CAPACITY: "over capacity",
     Verdict.TOO_LONG: "too long",
     Verdict.NOT_MEASURED: "not measured",
+}
+_JUDGED = (Verdict.REGRESSION, Verdict.UNKNOWN, Verdict.IMPROVEMENT, Verdict.SAME)
+_OF_OUTCOME = {
+    Outcome.REGRESSION: Verdict.REGRESSION,
+    Outcome.UNKNOWN: Verdict.UNKNOWN,
+    Outcome.IMPROVEMENT: Verdict.IMPROVEMENT,
+    Outcome.SAME: Verdict.SAME,
 }
 #: both runs skipped the cell by the same arithmetic: nothing to compare, and nothing missing
 _SKIPPED_IN_BOTH = {
@@ -76,18 +88,42 @@ class CellChange:
     metric: str
     old: float | None
     new: float | None
-    threshold: float | None
     verdict: Verdict
     why: str = ""  # the statuses, when a side has no figure
     #: why it changed, from both runs' server figures (gate/explain.py): for a regression or
     #: an improvement, and for any cell with a finding (preemptions 0 → 41, ...); "" otherwise
     explanation: str = ""
+    #: the gate's checks of the cell's figures against the old run's (both measured)
+    checks: tuple[Check, ...] = ()
 
     @property
     def change(self) -> float | None:
         if self.old is None or self.new is None or self.old == 0:
             return None
         return self.new / self.old - 1
+
+    @property
+    def check(self) -> Check | None:
+        """The check that decided the verdict: the first of that verdict, else the headline
+        figure's."""
+        word = self.verdict.value
+        decided = [c for c in self.checks if c.verdict == word]
+        by_metric = [c for c in self.checks if c.metric == self.metric]
+        found = decided or by_metric or list(self.checks)
+        return found[0] if found else None
+
+    def interval(self) -> str:
+        """``95 % interval −12.3% … −7.9%, tolerance ±5%`` of the deciding check's change
+        (positive better), or "" without one."""
+        c = self.check
+        if c is None:
+            return ""
+        lo, hi = change_of(c).interval()
+        return _minus(f"95 % interval {lo:+.1%} … {hi:+.1%}, tolerance ±{c.tolerance:.0%}")
+
+
+def _minus(text: str) -> str:
+    return text.replace("-", "−")
 
 
 @dataclass(frozen=True)
@@ -109,6 +145,14 @@ class Comparison:
     def regressions(self) -> list[CellChange]:
         return [c for c in self.cells if c.verdict is Verdict.REGRESSION]
 
+    @property
+    def unknowns(self) -> list[CellChange]:
+        return [c for c in self.cells if c.verdict is Verdict.UNKNOWN]
+
+    def exit_status(self, unknown_fails: bool = False) -> int:
+        """1 on a regression, or an unknown when ``unknown_fails``; else 0."""
+        return 1 if self.regressions or (unknown_fails and self.unknowns) else 0
+
 
 def headline(cell: CellRecord) -> tuple[str, float | None]:
     """The figure a cell is compared by (:func:`.figures.headline` of its phase) and its
@@ -117,30 +161,30 @@ def headline(cell: CellRecord) -> tuple[str, float | None]:
     return f.key, getattr(cell, f.key) if cell.measured else None
 
 
-def relative_noise(cell: CellRecord) -> float | None:
-    """The relative standard error of a cell's headline figure within its run, or None."""
-    parts: list[float] = []
-    metric, value = headline(cell)
-    ci = getattr(cell, figures.by_key(metric).ci_key, None)
-    if ci is not None and value:
-        # the figure's 95 % interval (batch means, which allow for autocorrelation): ±1.96 se
-        parts.append(max(value - ci[0], ci[1] - value) / value / 1.96)
-    elif cell.phase is Phase.DECODE and cell.stability_cv and cell.measured_s:
-        parts.append(cell.stability_cv / math.sqrt(max(cell.measured_s, 1.0)))
-    attempts = [a.get(metric) for a in cell.attempts]
-    numbers = [float(v) for v in attempts if isinstance(v, int | float)]
-    if len(numbers) >= 2 and value:
-        parts.append(
-            statistics.stdev(numbers) / statistics.fmean(numbers) / math.sqrt(len(numbers))
-        )
-    if cell.phase is Phase.PREFILL and cell.samples and len(cell.samples.ttft_ms) >= 3:
-        # the figure is the median of the cold requests: a robust spread (the median absolute
-        # deviation, scaled to a standard deviation), so one slow request does not hide a change
-        ttfts = cell.samples.ttft_ms
-        mid = statistics.median(ttfts)
-        mad = statistics.median(abs(t - mid) for t in ttfts) * 1.4826
-        parts.append(mad / mid / math.sqrt(len(ttfts)))
-    return max(parts) if parts else None
+def attempts_of(cell: CellRecord) -> list[CellRecord]:
+    """A cell's measurements as the gate judged them: its record, and each re-measurement the
+    results file keeps (``attempts``: the checked figures and their intervals) as a record of
+    its own."""
+    if len(cell.attempts) < 2:
+        return [cell]
+    out = []
+    for attempt in cell.attempts:
+        changes = {
+            k: (v if not isinstance(v, list) else (float(v[0]), float(v[1])))
+            for k, v in attempt.items()
+            if hasattr(cell, k)
+        }
+        out.append(dataclasses.replace(cell, **changes))  # type: ignore[arg-type]
+    return out
+
+
+def judged(old: CellRecord, new: CellRecord, tolerance: float) -> tuple[Verdict, tuple[Check, ...]]:
+    """The gate's verdict on ``new`` against ``old`` read as a one-run baseline (its floors,
+    with their intervals), and the checks."""
+    entry = reference_of([old], tolerance).cells.get(str(old.id))
+    fresh = bool(new.gate and new.gate.checks and new.gate.checks[0].fresh_starts)
+    found = verdict(entry, attempts_of(new), fresh_starts=fresh)
+    return _OF_OUTCOME.get(found.outcome, Verdict.SAME), found.checks
 
 
 def explanation(a: CellRecord, b: CellRecord, verdict: Verdict) -> str:
@@ -223,18 +267,10 @@ def compare(old: Results, new: Results, tolerance: float = DEFAULT_TOLERANCE) ->
         metric, _ = headline(ref)
         va = headline(a)[1] if a else None
         vb = headline(b)[1] if b else None
-        threshold = None
         why = ""
-        if va is not None and vb is not None:
-            noises = [x for x in (relative_noise(a), relative_noise(b)) if x is not None]  # type: ignore[arg-type]
-            threshold = max(tolerance, 3 * math.sqrt(sum(x * x for x in noises)))
-            change = vb / va - 1
-            if change < -threshold:
-                verdict = Verdict.REGRESSION
-            elif change > threshold:
-                verdict = Verdict.IMPROVEMENT
-            else:
-                verdict = Verdict.WITHIN_NOISE
+        found: tuple[Check, ...] = ()
+        if va is not None and vb is not None and a is not None and b is not None:
+            verdict, found = judged(a, b, tolerance)
         elif a is None:
             verdict = Verdict.ONLY_NEW
         elif b is None:
@@ -252,10 +288,10 @@ def compare(old: Results, new: Results, tolerance: float = DEFAULT_TOLERANCE) ->
                 metric,
                 va,
                 vb,
-                threshold,
                 verdict,
                 why,
                 explanation(a, b, verdict) if a is not None and b is not None else "",
+                found,
             )
         )
     return Comparison(
@@ -299,7 +335,9 @@ def fmt_change(change: float | None) -> str:
 
 
 def summary_line(cmp: Comparison) -> str:
-    counts = ", ".join(v.counted(cmp.count(v)) for v in Verdict if cmp.count(v))
+    """``32 cell(s): 1 regressed, 0 unknown, 0 improved, 26 same, 5 over capacity in both``:
+    the judge's four verdicts always, the other places when some cell is there."""
+    counts = ", ".join(v.counted(cmp.count(v)) for v in Verdict if v.judged or cmp.count(v))
     return f"{len(cmp.cells)} cell(s): {counts}"
 
 
@@ -313,16 +351,24 @@ def lines(cmp: Comparison, old_path: str) -> list[str]:
     if cmp.capacity:
         out.append("  " + cmp.capacity[0])
         out += [f"    {line}" for line in cmp.capacity[1:]]
+    words = {
+        Verdict.REGRESSION: "REGRESSION ",
+        Verdict.IMPROVEMENT: "improvement",
+        Verdict.UNKNOWN: "unknown    ",
+    }
     for c in cmp.cells:
-        if c.verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
-            word = "REGRESSION " if c.verdict is Verdict.REGRESSION else "improvement"
-            assert c.old is not None and c.new is not None and c.threshold is not None
+        check = c.check
+        if c.verdict in words and check is not None:
             out.append(
-                f"  {word} {c.cid} {c.metric} {c.old:,.1f} → {c.new:,.1f}: "
-                f"{fmt_change(c.change)} (noise threshold ±{c.threshold:.1%})"
+                f"  {words[c.verdict]} {c.cid} {check.metric} {check.reference:,.1f} → "
+                f"{check.value:,.1f}: {fmt_change(check.value / check.reference - 1)} "
+                f"({c.interval()})"
+                + (f": {check.more_words()}" if c.verdict is Verdict.UNKNOWN else "")
             )
-            if c.explanation:
+            if c.explanation and c.verdict is not Verdict.UNKNOWN:
                 out.append(f"      why: {c.explanation}")
+            elif c.explanation:
+                out.append(f"  finding     {c.explanation}")
         elif c.explanation:
             out.append(f"  finding     {c.explanation}")
     if cmp.unexplained and any(
@@ -355,7 +401,9 @@ def markdown(cmp: Comparison, old_path: str, new_path: str) -> str:
             return ""
         if c.change is None:
             return c.verdict.short
-        mark = {Verdict.REGRESSION: " ❌", Verdict.IMPROVEMENT: " ✅"}.get(c.verdict, "")
+        mark = {Verdict.REGRESSION: " ❌", Verdict.IMPROVEMENT: " ✅", Verdict.UNKNOWN: " ❔"}.get(
+            c.verdict, ""
+        )
         return fmt_change(c.change) + mark
 
     table = tabulate(
@@ -380,6 +428,14 @@ def markdown(cmp: Comparison, old_path: str, new_path: str) -> str:
             + (f" — why: {c.explanation}" if c.explanation else "")
             for c in regressions
         ]
+    unknown = [c for c in cmp.cells if c.verdict is Verdict.UNKNOWN and c.check is not None]
+    if unknown:
+        parts += ["", "**Unknown: too noisy to tell**", ""]
+        parts += [
+            f"- `{c.cid}` {c.metric} {fmt_change(c.change)} ({c.interval()}): "
+            f"{c.check.more_words()}"  # type: ignore[union-attr]
+            for c in unknown
+        ]
     findings = [c for c in cmp.cells if c.explanation and c.verdict is not Verdict.REGRESSION]
     if findings:
         parts += ["", "**Why cells changed, and findings**", ""]
@@ -389,4 +445,14 @@ def markdown(cmp: Comparison, old_path: str, new_path: str) -> str:
     return "\n".join(parts) + "\n"
 
 
-__all__ = ["CellChange", "Comparison", "Verdict", "compare", "lines", "markdown", "order_contexts"]
+__all__ = [
+    "CellChange",
+    "Comparison",
+    "Verdict",
+    "attempts_of",
+    "compare",
+    "judged",
+    "lines",
+    "markdown",
+    "order_contexts",
+]

@@ -9,7 +9,8 @@ from typing import Any
 from tabulate import tabulate
 
 from ..core.text import for_person
-from ..results import CellRecord, Phase, Status, order_contexts
+from ..gate.verdict import counted
+from ..results import CellRecord, Outcome, Phase, Status, order_contexts
 from .notes import by_kind, which
 from .slo import markdown as slo_markdown
 from .terminal import fmt_ms, fmt_rate, replica_line
@@ -23,7 +24,8 @@ def summary(
     capacity: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
     """The step summary: prefill table, decode matrix, the capacity at the objectives, the
-    regressions, the run's notes."""
+    gate's verdicts counted, the regressions, the figures too noisy to tell, the run's
+    notes."""
     lines = [f"## {title}", ""]
     prefill = [c for c in cells if c.phase is Phase.PREFILL]
     decode = [c for c in cells if c.phase is Phase.DECODE]
@@ -60,7 +62,7 @@ def summary(
                 elif cell.total_tok_s is None:
                     row.append(cell.status.value.capitalize())
                 else:
-                    mark = " ❌" if cell.status is Status.FAILED else ""
+                    mark = " ❌" if cell.status is Status.FAILED else _mark(cell)
                     row.append(f"{fmt_rate(cell.total_tok_s)} · {fmt_ms(cell.ttft_ms)}{mark}")
             rows.append(row)
         lines += [
@@ -80,6 +82,9 @@ def summary(
         if replicas:
             lines += ["**Per replica** (total tok/s of each)", "", *replicas, ""]
         lines += slo_markdown(objectives, capacity or {}, decode)
+    counts = counted(cells)
+    if counts:
+        lines += [f"**Against the baseline**: {counts}", ""]
     if regressions:
         lines += ["**Regressions**", ""] + [f"- `{r}`" for r in regressions]
         why = [c.gate.why for c in cells if c.gate and c.gate.regressions and c.gate.why]
@@ -87,8 +92,20 @@ def summary(
             lines += ["", "**Why** (the server's own figures against the baseline's)", ""]
             lines += [f"- {w}" for w in why]
         lines.append("")
+    unknown = [k.unknown_message() for c in cells if c.gate for k in c.gate.unknowns]
+    if unknown:
+        lines += ["**Unknown** (too noisy to tell at the tolerance)", ""]
+        lines += [f"- `{u}`" for u in unknown] + [""]
     lines += [f"> {note_line(n)}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def _mark(cell: CellRecord) -> str:
+    """A gated cell's verdict beside its figure: ❔ unknown, ✅ improved (a regressed cell is
+    a failed one: ❌)."""
+    if cell.gate is None:
+        return ""
+    return {Outcome.UNKNOWN: " ❔", Outcome.IMPROVEMENT: " ✅"}.get(cell.gate.outcome, "")
 
 
 #: GitHub's limit of a step's summary (1 MiB; a larger one is not shown at all)

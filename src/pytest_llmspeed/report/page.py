@@ -78,9 +78,25 @@ def _badge(cell: CellRecord) -> tuple[str, str]:
         return "regression", "bad"
     if gate.outcome is Outcome.IMPROVEMENT:
         return "improved", "good"
+    if gate.outcome is Outcome.SAME:
+        return "same", "good"
+    if gate.outcome is Outcome.UNKNOWN:
+        return "unknown", "warn"
     if gate.outcome is Outcome.PASS:
         return "gate passed", "good"
     return "", ""
+
+
+def _gate(cells: list[CellRecord]) -> dict[str, Any] | None:
+    """The gate's verdicts counted, and each figure too noisy to tell with what would decide
+    it; None when no cell was gated."""
+    from ..gate.verdict import counted
+
+    counts = counted(cells)
+    if not counts:
+        return None
+    unknown = [k.unknown_message() for c in cells if c.gate for k in c.gate.unknowns]
+    return {"counts": f"Against the baseline: {counts}", "unknown": unknown}
 
 
 def _slo_mark(cell: CellRecord) -> dict[str, str]:
@@ -404,7 +420,11 @@ def _details(cells: list[CellRecord]) -> list[list[str]]:
 
 def _comparison(cmp: Comparison) -> dict[str, Any]:
     header, rows = change_matrix(cmp)
-    cls = {Verdict.REGRESSION: "delta-bad", Verdict.IMPROVEMENT: "delta-good"}
+    cls = {
+        Verdict.REGRESSION: "delta-bad",
+        Verdict.IMPROVEMENT: "delta-good",
+        Verdict.UNKNOWN: "warn",
+    }
 
     def cell(c: Any) -> dict[str, str]:
         if c is None:
@@ -412,9 +432,10 @@ def _comparison(cmp: Comparison) -> dict[str, Any]:
         if c.change is None:
             return {"text": c.verdict.short, "cls": "skip", "hover": c.why or c.verdict.value}
         hover = (
-            f"{c.cid}: {c.old:,.1f} → {c.new:,.1f} {c.metric} ({c.verdict.value}, noise "
-            f"threshold ±{c.threshold:.1%})"
+            f"{c.cid}: {c.old:,.1f} → {c.new:,.1f} {c.metric} ({c.verdict.value}, {c.interval()})"
         )
+        if c.verdict is Verdict.UNKNOWN and c.check is not None:
+            hover += f": {c.check.more_words()}"
         if c.explanation:  # why, on the cell itself too (the list below has every one)
             hover += f"\nwhy: {c.explanation.split(': ', 1)[-1]}"
         return {"text": fmt_change(c.change), "cls": cls.get(c.verdict, ""), "hover": hover}
@@ -427,7 +448,9 @@ def _comparison(cmp: Comparison) -> dict[str, Any]:
     why = [
         {"cls": cls.get(c.verdict, ""), "text": c.explanation} for c in cmp.cells if c.explanation
     ]
-    if cmp.unexplained and any(c.verdict in cls for c in cmp.cells):
+    if cmp.unexplained and any(
+        c.verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT) for c in cmp.cells
+    ):
         lines.append({"text": cmp.unexplained, "cls": "sub"})
     if cmp.capacity:  # each context's capacity at the objectives, side by side
         head, *rest = cmp.capacity
@@ -467,6 +490,7 @@ def render_page(results: Results, comparison: Comparison | None = None) -> Page:
         blocks=_blocks(results),
         launch_command=run.launch_command,
         comparison=_comparison(comparison) if comparison else None,
+        gate=_gate(cells),
         prefill_hint=PREFILL_HINT,
         prefill_rows=_prefill_rows(prefill),
         matrix_columns=columns,

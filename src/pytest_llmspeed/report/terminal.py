@@ -276,19 +276,29 @@ WARMUP_NOTE = "measured by the decode warm-up (its prefill test was not selected
 
 def gate_lines(path: object, acc: Accounting, missing_fails: bool = True) -> list[str]:
     """The gate's summary: every baseline cell accounted for (the counts add up to the
-    baseline's cells), then the regressed figures, the improvements, the cells not run, not
-    gated, deselected, and the measured cells the baseline has no floor for."""
+    baseline's cells, each judged one regressed, unknown, improved or same), then the
+    regressed figures, the improvements, the figures too noisy to tell (with what would decide
+    them), the cells not run, not gated, deselected, and the measured cells the baseline has no
+    floor for."""
+    unknown = f", {len(acc.unknown)} unknown" if acc.unknown else ""
     lines = [
         "",
         f"Baseline {path}: {len(acc.regressed)} regression(s), "
-        f"{len(acc.improvements)} improvement(s) beyond tolerance",
-        f"  {acc.total} baseline cell(s): {len(acc.passed)} passed, {len(acc.regressed)} "
-        f"regressed, {len(acc.not_run)} not run, {len(acc.deselected)} deselected, "
-        f"{len(acc.not_gated)} not gated",
+        f"{len(acc.improvements)} improvement(s) beyond tolerance{unknown}",
+        f"  {acc.counts()}",
     ]
     lines += [f"  REGRESSION  {c.message()}" for c in acc.regressions]
     lines += [f"  improvement {c.improvement_message()}" for c in acc.improvements]
-    lines += [f"  noisy       {c.noisy_message()}" for c in acc.noisy]
+    word = "UNKNOWN    " if acc.unknown_fails else "unknown    "
+    lines += [f"  {word} {c.unknown_message()}" for c in acc.unknowns]
+    if acc.unknown:
+        lines.append(
+            "  (a cell too noisy to tell fails the run: --llm-unknown=fail)"
+            if acc.unknown_fails
+            else "  (cells too noisy to tell pass: --llm-unknown=fail fails them)"
+        )
+    if acc.budget_cut:
+        lines.append("  re-measurement stopped by --llm-budget: " + ", ".join(acc.budget_cut))
     word = "NOT RUN   " if missing_fails else "not run   "
     lines += [f"  {word}  {cid}: {why}" for cid, why in acc.not_run]
     if acc.not_run:
