@@ -396,6 +396,8 @@ def pytest_report_collectionfinish(config: pytest.Config) -> list[str] | None:
     lines = [f"llmspeed: {run.selection.rule}"]
     if run.selection.needs_server and config.getoption("verbose") >= 0:
         lines += run.server.header(selected=run.selection.words())  # what runs, not the ini's
+        if run.ab is not None:
+            lines += run.ab.header()
     return [run.redact(line) for line in lines]
 
 

@@ -67,6 +67,22 @@ class ABRun:
         self.stopped: str | None = None  # why the rounds ended before their most
         self._items: dict[str, pytest.Item] = {}
 
+    def header(self) -> list[str]:
+        """What the A/B compares and how, under the server line (the old version's: the
+        first round starts it)."""
+        s = self.run.settings
+        out = []
+        for arm, a in self.arms.items():
+            what = f"command {a.serve}" if a.serve else f"endpoint {a.endpoint}"
+            out.append(f"llmspeed A/B {arm}: {what}")
+        budget = f" · budget {s.budget:g} s past the first two blocks" if s.budget else ""
+        restarts = "each on a fresh start" if s.ab_kind == "serve" else "no restarts"
+        out.append(
+            f"llmspeed A/B: 8–{self.max_rounds} rounds in blocks of old, new, new, old "
+            f"({restarts}) · tolerance ±{s.tolerance:.1%}{budget} · unknown: {s.unknown}"
+        )
+        return out
+
     # -- rounds -----------------------------------------------------------------------------
 
     @property
@@ -128,6 +144,12 @@ class ABRun:
         if index % len(BLOCK) or index < MIN_BLOCKS * len(BLOCK):
             return True  # a block is finished once begun; the first two always run
         if not self.wanted_cells():
+            if any(v.verdict.value == "unknown" for v in self.verdicts.values()):
+                self.stopped = (
+                    f"after {index} rounds: the unknown cells need more blocks than "
+                    f"{self.max_rounds} rounds (--llm-ab-rounds) or the budget allow, or none "
+                    "would decide them"
+                )
             return False
         if self.room() <= 0:
             self.stopped = f"--llm-budget ({self.run.settings.budget:g} s) spent"
