@@ -120,11 +120,13 @@ class Outcome(Enum):
     PASS = "passed"
     NOT_MEASURED = "not measured"
     NO_FLOOR = "no floor"
+    #: measured, but not comparable with the baseline's figure (``GateVerdict.not_gated``)
+    NOT_GATED = "not gated"
 
     @property
     def judged(self) -> bool:
         """The cell was measured and held to a reference."""
-        return self not in (Outcome.NOT_MEASURED, Outcome.NO_FLOOR)
+        return self not in (Outcome.NOT_MEASURED, Outcome.NO_FLOOR, Outcome.NOT_GATED)
 
 
 # -- contexts and cell ids ---------------------------------------------------------------------
@@ -536,6 +538,10 @@ class GateVerdict:
     #: why the cell changed against the baseline, from both sides' server figures
     #: (gate/explain.py), for a regression or an improvement; written as ``baseline_why``
     why: str = ""
+    #: why a measured cell was not gated (``Outcome.NOT_GATED``); ``baseline_not_gated``
+    not_gated: str = ""
+    #: the time budget (--llm-budget) stopped its re-measurements; ``baseline_budget_cut``
+    budget_cut: bool = False
 
     @property
     def regressions(self) -> tuple[Check, ...]:
@@ -590,7 +596,10 @@ def _written_when_known() -> list[str]:
 
 
 _ID_KEYS = ("id", "phase", "context", "context_tokens", "context_display", "concurrency", "status")
-_GATE_KEYS = ("baseline", "baseline_checks", "baseline_why", "attempts")
+_GATE_KEYS = (
+    "baseline", "baseline_checks", "baseline_why", "baseline_not_gated", "baseline_budget_cut",
+    "attempts",
+)  # fmt: skip
 
 
 # -- the server's own figures of a cell (core/server_figures.py reads them) --------------------
@@ -883,6 +892,10 @@ class CellRecord:
                 out["baseline_checks"] = [c.to_v1() for c in self.gate.checks]
             if self.gate.why:
                 out["baseline_why"] = self.gate.why
+            if self.gate.not_gated:
+                out["baseline_not_gated"] = self.gate.not_gated
+            if self.gate.budget_cut:
+                out["baseline_budget_cut"] = True
         if self.attempts:
             out["attempts"] = [dict(a) for a in self.attempts]
         if self.notes:
@@ -934,7 +947,13 @@ class CellRecord:
         if "baseline" in data:
             checks = tuple(Check.from_v1(str(cid), c) for c in data.get("baseline_checks", ()))
             why = str(data.get("baseline_why", ""))
-            kwargs["gate"] = GateVerdict(Outcome(data["baseline"]), checks, why)
+            kwargs["gate"] = GateVerdict(
+                Outcome(data["baseline"]),
+                checks,
+                why,
+                not_gated=str(data.get("baseline_not_gated", "")),
+                budget_cut=bool(data.get("baseline_budget_cut", False)),
+            )
         kwargs["absent"] = frozenset(absent)
         kwargs["attempts"] = tuple(dict(a) for a in data.get("attempts", ()))
         kwargs["notes"] = tuple(str(n) for n in data.get("notes", ()))

@@ -61,7 +61,7 @@ JSON_TYPE = {
 NOT_FIGURES = {
     "id", "phase", "context", "context_tokens", "context_display", "concurrency", "status",
     "reason", "samples", "replica_tok_s", "notes", "baseline", "baseline_checks", "attempts",
-    "server", "baseline_why",
+    "server", "baseline_why", "baseline_not_gated", "baseline_budget_cut",
 }  # fmt: skip
 
 

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from pytest_llmspeed.gate.baseline import Baseline, CellBaseline
-from pytest_llmspeed.gate.verdict import account, gated, verdict, wants_another
+from pytest_llmspeed.gate.verdict import (
+    account,
+    confirm,
+    gated,
+    not_gated,
+    verdict,
+    wants_another,
+)
 from pytest_llmspeed.results import CellId, CellRecord, Outcome, Status
 
 ID = "decode[8K-c4]"
@@ -99,14 +106,17 @@ def test_every_baseline_cell_is_accounted_for():
             gated(bad, verdict(ENTRY, [bad]), [bad]), id=CellId.parse("decode[8K-c8]")
         ),
         CellRecord(CellId.parse("decode[8K-c64]"), Status.OVER_CAPACITY, reason="Over: 64 × …"),
-        CellRecord(
-            CellId.parse("prefill[8K]"),
-            Status.VALID,
-            prompt_tok_s=1.0,
-            notes=("not gated: the baseline's prefill was the median of 3 cold requests",),
+        not_gated(
+            CellRecord(CellId.parse("prefill[8K]"), Status.VALID, prompt_tok_s=1.0),
+            "the baseline's prefill was the median of 3 cold requests",
         ),
     ]
     acc = account(baseline, cells, selected={"decode[8K-c4]", "decode[8K-c8]", "decode[8K-c64]"})
+    # not gated is the verdict's, with its reason (no note is read back); the note is for people
+    assert cells[3].gate is not None and cells[3].gate.outcome is Outcome.NOT_GATED
+    assert cells[3].notes == (
+        "not gated: the baseline's prefill was the median of 3 cold requests",
+    )
     assert acc.same == ("decode[8K-c4]",)
     assert acc.regressed == ("decode[8K-c8]",)
     assert acc.not_run == (("decode[8K-c64]", "over capacity: Over: 64 × …"),)
@@ -121,6 +131,31 @@ def test_every_baseline_cell_is_accounted_for():
     )
     counted = acc.same + acc.regressed + acc.deselected
     assert len(counted) + len(acc.not_run) + len(acc.not_gated) == acc.total == len(ids)
+
+
+def test_a_budget_that_is_spent_stops_the_re_measurements_and_says_so():
+    baseline = Baseline(Path("b.toml"), {}, 0.05)
+    baseline.cells[ID] = ENTRY
+    calls = []
+
+    def again() -> CellRecord:
+        calls.append(1)
+        return cell(total=90.0)
+
+    # a miss that wants confirming, with no budget left: judged on the one attempt
+    record, remeasured = confirm(ENTRY, cell(total=90.0), again, 2, allowed=lambda: False)
+    assert remeasured == 0 and not calls
+    assert record.gate is not None and record.gate.budget_cut
+    assert record.gate.outcome is Outcome.REGRESSION  # no confirmation: the one miss
+    assert account(baseline, [record], {ID}).budget_cut == (ID,)
+    again_read = CellRecord.from_v1(record.to_v1())
+    assert again_read.gate is not None and again_read.gate.budget_cut
+    # with a budget: re-measured while the miss is unconfirmed, at most twice
+    record, remeasured = confirm(ENTRY, cell(total=90.0), again, 2)
+    assert remeasured == 2 and len(calls) == 2 and not record.gate.budget_cut  # type: ignore[union-attr]
+    # a re-measurement that fails (None) ends the loop: judged on what was measured
+    record, remeasured = confirm(ENTRY, cell(total=90.0), lambda: None, 2)
+    assert remeasured == 0 and record.gate.outcome is Outcome.REGRESSION  # type: ignore[union-attr]
 
 
 def test_a_selected_cell_without_a_record_was_not_run():

@@ -268,8 +268,11 @@ def confirm(
         if nxt is None:
             break
         attempts.append(nxt)
-    record = gated(first, verdict(entry, attempts, fresh_starts), attempts)
+    result = verdict(entry, attempts, fresh_starts)
     if cut:
+        result = dataclasses.replace(result, budget_cut=True)
+    record = gated(first, result, attempts)
+    if cut:  # in words, for a person (the verdict says it: GateVerdict.budget_cut)
         record = dataclasses.replace(record, notes=(*record.notes, BUDGET_NOTE))
     return record, len(attempts) - 1
 
@@ -379,7 +382,16 @@ def counted(cells: Iterable[CellRecord]) -> str:
     return text + (f", {passed} passed (an earlier version's verdict)" if passed else "")
 
 
-NOT_GATED = "not gated: "
+def not_gated(record: CellRecord, why: str) -> CellRecord:
+    """A measured cell the gate cannot compare with its baseline figure: its verdict says
+    so, with why (``Outcome.NOT_GATED``), and a note says it in words."""
+    return dataclasses.replace(
+        record,
+        gate=GateVerdict(Outcome.NOT_GATED, not_gated=why),
+        notes=(*record.notes, f"not gated: {why}"),
+    )
+
+
 #: a cell's note when the time budget (--llm-budget) stopped its re-measurements
 BUDGET_NOTE = "re-measurement stopped: the time budget (--llm-budget) is spent"
 _NOT_RUN_WORDS = {
@@ -430,8 +442,8 @@ def account(
         elif not cell.measured:
             not_run.append((cid, _why_not_run(cell)))
         elif cell.gate is None or not cell.gate.outcome.judged:
-            why = next((n for n in cell.notes if n.startswith(NOT_GATED)), NOT_GATED + "?")
-            not_gated.append((cid, why.removeprefix(NOT_GATED)))
+            why = cell.gate.not_gated if cell.gate is not None else ""
+            not_gated.append((cid, why or "not judged (the session ended before its gate)"))
         else:
             placed[cell.gate.outcome].append(cid)
             if cell.gate.outcome is Outcome.REGRESSION:
@@ -459,7 +471,9 @@ def account(
         unknown=tuple(placed[Outcome.UNKNOWN]),
         passed=tuple(placed[Outcome.PASS]),
         budget_cut=tuple(
-            cid for cid in baseline.cells if cid in by_id and BUDGET_NOTE in by_id[cid].notes
+            cid
+            for cid in baseline.cells
+            if (c := by_id.get(cid)) is not None and c.gate is not None and c.gate.budget_cut
         ),
         unknown_fails=unknown_fails,
     )

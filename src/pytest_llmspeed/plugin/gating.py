@@ -38,6 +38,8 @@ class GateSession:
         self.baseline: Baseline | None = None
         #: seconds spent re-measuring (confirmations), against --llm-budget
         self.remeasuring_s = 0.0
+        #: the prefill cells gated at the session's end, their figures the decode warm-ups'
+        self._warmups: set[str] = set()
         if settings.baseline:
             from ..gate.baseline import load
 
@@ -174,9 +176,7 @@ class GateSession:
 
     def warmup_cells(self) -> list[str]:
         """Cells gated at the session's end (no test of their own ran)."""
-        from ..report.terminal import WARMUP_NOTE
-
-        return [cid for cid, c in self._store.cells.items() if WARMUP_NOTE in c.notes]
+        return [cid for cid in self._store.cells if cid in self._warmups]
 
     def fails_session(self, interrupted: bool) -> bool:
         """At the session's end: gate the warm-ups (re-measuring a miss unless the session
@@ -197,7 +197,7 @@ class GateSession:
         """Gate the prefill figures that decode warm-ups measured when no prefill test ran
         (``-m decode``): what a run measures is gated, whatever selected it. A warm-up that is
         not comparable with the baseline's prefill cell says why instead."""
-        from ..gate.verdict import NOT_GATED
+        from ..gate.verdict import not_gated
         from ..report.terminal import WARMUP_NOTE
         from ..results import Phase
 
@@ -214,12 +214,13 @@ class GateSession:
             base_repeats = self.baseline.run.get("prefill_repeats", 1)
             if base_repeats != self.settings.prefill_repeats:
                 why = (
-                    f"{NOT_GATED}the baseline's prefill is the median of {base_repeats} cold "
+                    f"the baseline's prefill is the median of {base_repeats} cold "
                     f"request(s), this warm-up of {self.settings.prefill_repeats}"
                 )
-                store.record(dataclasses.replace(record, notes=(*record.notes, why)))
+                store.record(not_gated(record, why))
                 continue
-            notes = [WARMUP_NOTE]
+            self._warmups.add(cid)
+            notes = [WARMUP_NOTE]  # in words, for a person: warmup_cells() knows it
 
             def again(record: CellRecord = record, notes: list[str] = notes) -> CellRecord | None:
                 return self._prefill_again(record, notes) if remeasure else None
