@@ -23,7 +23,7 @@ from .compare import Comparison, Verdict, change_matrix, fmt_change
 from .notes import by_kind, cell_flags, which
 from .server import not_exposed
 from .server import table as server_table
-from .terminal import fmt_ci_ms, fmt_ms, fmt_rate, fmt_tbt, further_figures, pm
+from .terminal import fmt_ms, fmt_rate, further_figures, pm
 
 PREFILL_HINT = (
     "prompt tok/s by context length: the first request at each context, on a cold cache "
@@ -361,17 +361,18 @@ def _charts(results: Results) -> list[str]:
     return charts
 
 
-DETAILS_HEADER = [
-    "Phase", "Context", "Requests at once", "Status", "Total tok/s", "Per request tok/s",
-    "TTFT", "TTFT p90", "TTFT p99", "Time between tokens", "TBT p90", "TBT p99",
-    "Average active requests", "Completed requests", "Output tokens", "Measured for", "Notes",
-]  # fmt: skip
+def _details_header() -> list[str]:
+    from .columns import headers
+
+    return [*headers(page=True), "Notes"]
 
 
 def _details(cells: list[CellRecord]) -> list[list[str]]:
+    """"All measurements": every column of report/columns.py, then the cell's notes."""
+    from .columns import row
+
     rows = []
     for c in cells:
-        phase = "Prefill" if c.phase is Phase.PREFILL else "Sustained decode"
         notes = [*cell_flags(c), *(n for n in c.notes if not n.startswith(CLIENT_PREFIX))]
         if c.replica_tok_s:
             notes.append(
@@ -379,42 +380,7 @@ def _details(cells: list[CellRecord]) -> list[list[str]]:
             )
         if c.reason:
             notes.insert(0, c.reason)
-        head = [phase, c.context_display or c.context, str(c.concurrency), c.status.label]
-        if not c.measured:
-            rows.append([*head, *["—"] * 12, "; ".join(notes)])
-        elif c.phase is Phase.PREFILL:
-            rows.append(
-                [
-                    *head,
-                    fmt_rate(c.prompt_tok_s) + pm(c.prompt_tok_s, c.prompt_tok_s_ci),
-                    "—",
-                    fmt_ms(c.ttft_ms) + fmt_ci_ms(c.ttft_ms_ci),
-                    *["—"] * 6,
-                    str(c.completed or 1),
-                    "—",
-                    "—",
-                    "; ".join(notes),
-                ]
-            )
-        else:
-            rows.append(
-                [
-                    *head,
-                    fmt_rate(c.total_tok_s) + pm(c.total_tok_s, c.total_tok_s_ci),
-                    fmt_rate(c.per_request_tok_s) + pm(c.per_request_tok_s, c.per_request_tok_s_ci),
-                    fmt_ms(c.ttft_ms) + fmt_ci_ms(c.ttft_ms_ci),
-                    fmt_ms(c.ttft_p90_ms),
-                    fmt_ms(c.ttft_p99_ms),
-                    fmt_tbt(c.tbt_ms) + fmt_ci_ms(c.tbt_ms_ci, 2),
-                    fmt_tbt(c.tbt_p90_ms),
-                    fmt_tbt(c.tbt_p99_ms),
-                    f"{c.avg_active or 0:.1f}",
-                    str(c.completed),
-                    f"{c.output_tokens or 0:,}",
-                    f"{c.measured_s or 0:.1f} s",
-                    "; ".join(notes),
-                ]
-            )
+        rows.append([*row(c, page=True), "; ".join(notes)])
     return rows
 
 
@@ -498,7 +464,7 @@ def render_page(results: Results, comparison: Comparison | None = None) -> Page:
         over_capacity=any(c.status is Status.OVER_CAPACITY for c in decode),
         capacity=_capacity(results),
         charts=[_markup(c) for c in _charts(results)],
-        details_header=DETAILS_HEADER,
+        details_header=_details_header(),
         details_rows=_details(cells),
         further_header=further_header,
         further_rows=further_rows,

@@ -130,55 +130,11 @@ def decode_matrix(cells: list[CellRecord], width: int) -> list[str]:
 
 
 def details_table(cells: list[CellRecord]) -> str:
-    rows: list[list[object]] = []
-    for c in cells:
-        phase = "Prefill" if c.phase is Phase.PREFILL else "Sustained decode"
-        head: list[object] = [phase, c.context, c.concurrency, c.status.value]
-        if c.total_tok_s is None and c.prompt_tok_s is None:
-            rows.append(head + ["—"] * 8)
-        elif c.phase is Phase.PREFILL:
-            rows.append(
-                [
-                    *head,
-                    fmt_rate(c.prompt_tok_s) + pm(c.prompt_tok_s, c.prompt_tok_s_ci),
-                    "—",
-                    fmt_ms(c.ttft_ms) + fmt_ci_ms(c.ttft_ms_ci),
-                    "—",
-                    "—",
-                    c.repeats or 1,
-                    "—",
-                    "—",
-                ]
-            )
-        else:
-            rows.append(
-                [
-                    *head,
-                    fmt_rate(c.total_tok_s) + pm(c.total_tok_s, c.total_tok_s_ci),
-                    fmt_rate(c.per_request_tok_s) + pm(c.per_request_tok_s, c.per_request_tok_s_ci),
-                    fmt_ms(c.ttft_ms) + fmt_ci_ms(c.ttft_ms_ci),
-                    fmt_tbt(c.tbt_ms) + fmt_ci_ms(c.tbt_ms_ci, 2),
-                    f"{c.avg_active or 0:.1f}",
-                    c.completed,
-                    f"{c.output_tokens or 0:,}",
-                    f"{c.measured_s or 0:.1f} s",
-                ]
-            )
-    headers = [
-        "Phase",
-        "Context",
-        "Requests",
-        "Status",
-        "Total tok/s",
-        "Per request tok/s",
-        "TTFT",
-        "Time between tokens",
-        "Avg active",
-        "Completed",
-        "Output tokens",
-        "Measured for",
-    ]
-    return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
+    """"All measurements": the page's table (report/columns.py) without its widest columns."""
+    from .columns import headers, row
+
+    rows = [row(c, page=False) for c in cells]
+    return tabulate(rows, headers=headers(page=False), tablefmt="simple", disable_numparse=True)
 
 
 def further_figures(cells: list[CellRecord]) -> tuple[list[str], list[list[str]]]:
