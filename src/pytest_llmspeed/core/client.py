@@ -9,7 +9,6 @@ seen (the decode window needs that in real time); everything else is parsed afte
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import re
 import time
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 
 from .errors import (
     AnswerTooLarge,
@@ -30,7 +30,7 @@ from .errors import (
     redact,
 )
 from .text import Secret, for_person, reveal, secret
-from .wire import StreamTally, error_message, parse_stream
+from .wire import StreamTally, error_message, loads, parse_stream
 
 #: aiohttp read buffer: large enough for long responses without line-length limits.
 READ_BUFSIZE = 4 * 1024 * 1024
@@ -165,6 +165,8 @@ class Connection:
             raise (self._slow(path) if answered else self._unreachable(exc)) from None
         except aiohttp.ClientResponseError as exc:
             raise self._bad_head(path, exc) from None
+        except (aiohttp.ClientPayloadError, HttpProcessingError) as exc:  # a body cut short,
+            raise self._bad_body(path, exc) from None  # a chunk or gzip not valid
         except (aiohttp.ClientConnectionError, OSError) as exc:
             raise self._unreachable(exc) from None
 
@@ -191,10 +193,12 @@ class Connection:
             raise (self._slow(path) if answered else self._unreachable(exc)) from None
         except aiohttp.ClientResponseError as exc:
             raise self._bad_head(path, exc) from None
+        except (aiohttp.ClientPayloadError, HttpProcessingError) as exc:  # a body cut short,
+            raise self._bad_body(path, exc) from None  # a chunk or gzip not valid
         except (aiohttp.ClientConnectionError, OSError) as exc:
             raise self._unreachable(exc) from None
         try:
-            answer = json.loads(body)
+            answer = loads(body)
         except ValueError:
             raise MalformedAnswer(path, "did not answer JSON") from None
         if not isinstance(answer, dict):
@@ -226,6 +230,12 @@ class Connection:
                 path, f"sent a response header larger than {HEADER_LIMIT >> 10} KiB"
             )
         return MalformedAnswer(path, f"sent a response that is not valid HTTP ({what})")
+
+    def _bad_body(self, path: str, exc: Exception) -> MalformedAnswer:
+        """aiohttp's refusal of a response's body: cut short, a chunk size or a compression
+        that is not valid."""
+        what = for_person(str(exc) or type(exc).__name__, 120, self.api_key)
+        return MalformedAnswer(path, f"sent a body that is not valid HTTP ({what})")
 
     def _unreachable(self, exc: BaseException) -> ServerUnreachable:
         if isinstance(exc, asyncio.TimeoutError):
@@ -370,6 +380,9 @@ def account_tokens(rec: StreamRecord, max_tokens: int | None = None) -> StreamRe
         parsed.close()
     if parsed.error is not None:
         rec.error = rec.error or f"error event: {parsed.error}"
+    if parsed.broken is not None and not rec.error:  # a stream cut at the window's end too
+        broken = parsed.broken
+        rec.error = for_person(f"{broken.field + ' ' if broken.field else ''}{broken.what}", 300)
     if parsed.finish_reason is not None:
         rec.finish_reason = parsed.finish_reason
     # transformers serve ends its streams with a finish_reason but without [DONE]
@@ -428,6 +441,8 @@ async def stream_request(
         value = payload.get("max_tokens")
         max_tokens = value if isinstance(value, int) else None
     tally = rec.tally
+    if max_tokens is not None and max_tokens > 0:
+        tally.limit = min(tally.limit, max_tokens)  # a count above it is not a count
     reads = rec.reads if rec.keep_reads else None
     clock = time.perf_counter
     stop_at = stop.at if stop is not None else None
@@ -447,21 +462,38 @@ async def stream_request(
                     rec.error = str(err)
                     rec.t_end = clock()  # answered: out of flight (not open to the window's end)
                     return rec
-                async for data in resp.content.iter_any():
-                    t = clock()
-                    if stop_at is not None and t >= stop_at[0]:
-                        # the window closed: what comes now is read by nobody (the connection
-                        # is closed with the response), even when the loop is behind
-                        rec.cancelled = True
-                        break
-                    if reads is not None:
-                        reads.append((t, data))
-                    if tally.feed(t, data) and rec.t_first is None:
-                        rec.t_first = t
-                        if on_first_token is not None:
-                            on_first_token(rec)
-                    if tally.done:
-                        watch.done()  # [DONE] ends the stream, whether or not the server closes
+                ctype = resp.headers.get("Content-Type", "")
+                try:
+                    async for data in resp.content.iter_any():
+                        t = clock()
+                        if stop_at is not None and t >= stop_at[0]:
+                            # the window closed: what comes now is read by nobody (the connection
+                            # is closed with the response), even when the loop is behind
+                            rec.cancelled = True
+                            break
+                        if reads is not None:
+                            reads.append((t, data))
+                        if tally.feed(t, data) and rec.t_first is None:
+                            rec.t_first = t
+                            if on_first_token is not None:
+                                on_first_token(rec)
+                        if tally.done:
+                            watch.done()  # [DONE] ends the stream, whether or not the server closes
+                except (asyncio.CancelledError, TimeoutError):
+                    if _connection_gone(resp):  # aiohttp reads nothing more of it: say why
+                        rec.error = f"{path}: {GONE}"
+                    raise
+                if not rec.cancelled:
+                    tally.close()
+                    if (
+                        not tally.done
+                        and tally.finish_reason is None
+                        and tally.broken is None
+                        and tally.error is None
+                    ):
+                        # the server closed the stream before its end: a failed request, not
+                        # one that ended early (an HTML page answered with 200 ends so too)
+                        rec.error = f"{path}: {_cut_short(ctype)}"
     except asyncio.CancelledError:
         rec.cancelled = True
         rec.t_end = clock()
@@ -469,7 +501,7 @@ async def stream_request(
     except KeyRejected:
         raise
     except TimeoutError:
-        if watch is None or watch.why != Watchdog.DONE:
+        if (watch is None or watch.why != Watchdog.DONE) and not rec.error:
             rec.error = (
                 watch.why
                 if watch is not None and watch.why
@@ -482,7 +514,7 @@ async def stream_request(
         rec.error = str(exc)
     except aiohttp.ClientResponseError as exc:  # a header over its cap, a head not HTTP
         rec.error = str(conn._bad_head(path, exc))
-    except aiohttp.ClientPayloadError as exc:
+    except (aiohttp.ClientPayloadError, HttpProcessingError) as exc:
         rec.error = f"stream broken: {exc}"
     except (aiohttp.ClientConnectionError, OSError) as exc:
         rec.error = f"connection failed: {exc}"
@@ -496,9 +528,32 @@ async def stream_request(
         rec.error = f"{path}: {broken.field + ' ' if broken.field else ''}{broken.what}"
     if tally.error is not None:  # an error event: redacted before it is cut, made printable
         tally.error = for_person(tally.error, 300, conn.api_key)
+        rec.error = rec.error or f"{path}: error event: {tally.error}"
     if rec.error:
         rec.error = for_person(rec.error, 300, conn.api_key)
     return rec
+
+
+#: a stream whose connection aiohttp closed under it without a word (its C parser, on a chunk
+#: size that is not hex, drops the connection and leaves the read waiting)
+GONE = (
+    "the connection broke mid-stream (a chunked encoding or compression that is not valid "
+    "HTTP): nothing more could be read"
+)
+
+
+def _connection_gone(resp: aiohttp.ClientResponse) -> bool:
+    """The response's connection is gone while its body was being read."""
+    conn = resp.connection
+    return conn is not None and conn.transport is None
+
+
+def _cut_short(ctype: str) -> str:
+    """Why a stream that ended without its end is a failed request, in words."""
+    what = "the stream ended without a finish_reason or data: [DONE]"
+    if "event-stream" in ctype:
+        return f"{what} (cut short)"
+    return f"{what}: it answered {for_person(ctype or 'no Content-Type', 60)}, not an event stream"
 
 
 class Watchdog:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ from . import server_figures
 from .client import METRICS_LIMIT, Connection
 from .errors import LLMSpeedError, ModelNotFound, NotAnOpenAIServer, ServerUnreachable
 from .text import for_person
+from .wire import loads
 
 #: the most tokens a length or a capacity the server gives may be (2^31): more is not a figure
 MAX_TOKENS = 2**31
@@ -419,7 +421,7 @@ def _models(conn: Connection, status: int, body: str) -> tuple[list[dict[str, An
             f"{where} answered HTTP {status}: is this an OpenAI-compatible server?"
         )
     try:
-        answer = json.loads(body)
+        answer = loads(body)
     except ValueError:
         raise NotAnOpenAIServer(f"{where} did not answer JSON") from None
     if not isinstance(answer, dict):
@@ -474,9 +476,14 @@ def _check_model_id(conn: Connection, model: str) -> None:
             f"{conn.base_url}/v1/models: the model id is {len(model):,} characters long "
             f"(at most {MAX_MODEL_ID:,} are taken): {shown(model)}"
         )
-    if _CONTROL.search(model):
+    if _CONTROL.search(model) or (
+        not model.isascii() and any(unicodedata.category(c) == "Cf" for c in model)
+    ):
+        # Cf: bidirectional overrides, zero-width characters, which reorder or hide what a
+        # terminal or a page shows
         raise NotAnOpenAIServer(
-            f"{conn.base_url}/v1/models: the model id holds control characters: {shown(model)}"
+            f"{conn.base_url}/v1/models: the model id holds control characters or invisible format "
+            f"characters: {shown(model)}"
         )
 
 
@@ -490,7 +497,7 @@ async def _version(conn: Connection) -> str | None:
     if status != 200:
         return None
     try:
-        answer = json.loads(body)
+        answer = loads(body)
     except ValueError:
         return None
     value = answer.get("version") if isinstance(answer, dict) else None
@@ -528,7 +535,7 @@ async def _sglang_capacity(conn: Connection) -> tuple[int | None, str | None]:
             return None, None
         if status == 200:
             try:
-                answer = json.loads(body)
+                answer = loads(body)
             except ValueError:
                 continue
             if not isinstance(answer, dict) or answer.get("max_total_num_tokens") is None:

@@ -17,6 +17,7 @@ Two rules, one module:
 
 from __future__ import annotations
 
+import base64
 import re
 import unicodedata
 from typing import Any
@@ -89,10 +90,32 @@ _MIN_SECRET = 4
 
 
 def register(value: str | Secret | None) -> None:
-    """Remember a secret, so that :func:`redact_known` removes it from every text."""
+    """Remember a secret, so that :func:`redact_known` removes it from every text: as it is,
+    and as a server may echo it encoded (:func:`encoded_forms`)."""
     plain = reveal(value)
     if plain and len(plain) >= _MIN_SECRET:
         _KNOWN.add(plain)
+        _KNOWN.update(encoded_forms(plain))
+
+
+#: encoded forms shorter than this are not redacted (they could match ordinary text)
+_MIN_FORM = 12
+
+
+def encoded_forms(plain: str) -> set[str]:
+    """How a server may echo a secret encoded: every byte percent-encoded (upper and lower
+    hex), and base64 (standard and URL-safe) at each of the three alignments the secret can
+    have in the encoded text, less the characters it shares with its neighbours. Only forms
+    of :data:`_MIN_FORM` characters or more (a long secret's)."""
+    raw = plain.encode()
+    forms = {"".join(f"%{b:02X}" for b in raw), "".join(f"%{b:02x}" for b in raw)}
+    for before in range(3):
+        enc = base64.b64encode(b"\0" * before + raw).decode()
+        start = 4 if before else 0  # the first group mixes the secret with what precedes it
+        stop = len(enc) - (4 if (before + len(raw)) % 3 else 0)  # the last, with what follows
+        inner = enc[start:stop]
+        forms |= {inner, inner.replace("+", "-").replace("/", "_")}
+    return {f for f in forms if len(f) >= _MIN_FORM and f != plain}
 
 
 def forget_all() -> None:
@@ -153,6 +176,9 @@ def printable(text: str) -> str:
     characters removed (its own line breaks kept), known secrets redacted, and no line that
     starts with ``::``. The last gate before the terminal and the CI log."""
     text = redact_known(text)
+    if not text.isascii():  # bidirectional overrides, zero-width and other format characters
+        text = "".join(c for c in text if unicodedata.category(c) != "Cf")
+        text = _LINE_BREAKS.sub(lambda m: "\n" if m.group() in ("\n", "\r\n") else " ⏎ ", text)
     lines = []
     for line in text.split("\n"):
         line = _CONTROL.sub("", line.replace("\r", "").replace("\t", " "))

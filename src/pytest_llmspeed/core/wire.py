@@ -9,6 +9,7 @@ raw bytes are never kept, and nothing is parsed after the window closes.
 from __future__ import annotations
 
 import json
+import math
 import re
 from array import array
 from dataclasses import dataclass, field
@@ -49,10 +50,35 @@ def request_fields(model: str, max_tokens: int, dialect: Dialect) -> dict[str, A
 DONE = b"[DONE]"
 
 
+def loads(text: str | bytes) -> Any:
+    """``json.loads`` of what a server sent, whose every failure is a ValueError: JSON nested
+    too deep for Python's parser (100,000 ``[``) raises RecursionError there. A whole number
+    past Python's 4,300 digits (which ``int`` refuses) is read as infinity, so that the field
+    that holds it is refused by name (``usage.completion_tokens is Infinity``), not the whole
+    answer as "not JSON"."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    except ValueError as exc:
+        if "digits" not in str(exc):
+            raise
+    try:
+        return json.loads(text, parse_int=_int_or_inf)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def _int_or_inf(digits: str) -> int | float:
+    if len(digits) <= 4000:
+        return int(digits)
+    return -math.inf if digits.startswith("-") else math.inf
+
+
 def _object(payload: bytes) -> dict[str, Any] | None:
     """An event's JSON object; None for ``[DONE]`` and anything else that is not one."""
     try:
-        obj = json.loads(payload)
+        obj = loads(payload)
     except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
@@ -79,6 +105,8 @@ def shown(value: object) -> str:
         str: "a string", float: "a number with a fraction", bool: "a boolean",
         list: "a list", dict: "an object", type(None): "null", int: "a whole number",
     }.get(type(value), type(value).__name__)  # fmt: skip
+    if isinstance(value, float) and not math.isfinite(value):
+        kind = "not a finite number: a whole number past 4,300 digits reads so"
     return f"{text} ({kind})"
 
 
@@ -129,6 +157,9 @@ def _choice_output(choice: object) -> tuple[str, bool]:
 #: written otherwise is parsed event by event, exactly, at the cost of a JSON parse each
 _COMPLETION = b'"completion_tokens":'
 _NUMBER = re.compile(rb"\d+")
+#: the most digits of a count (2^31 has 10)
+_COUNT_DIGITS = 10
+_BOM = b"\xef\xbb\xbf"
 #: what follows a whole number in compact JSON (a ``.``, an ``e`` or a quote: not one)
 _COUNT_ENDS = (b",", b"}")
 _CHOICES = b'"choices":['
@@ -166,8 +197,8 @@ class StreamTally:
     output)."""
 
     __slots__ = (
-        "broken", "carry", "chunks", "completion_tokens", "done", "error", "fast", "fed",
-        "finish_reason",
+        "broken", "carry", "chunks", "completion_tokens", "done", "error", "error_event", "fast",
+        "fed", "finish_reason", "limit",
         "prev", "prompt_tokens", "seen_token", "text", "text_times", "token_chunks", "usage_chunks",
         "usage_counts", "usage_times",
     )  # fmt: skip
@@ -191,11 +222,21 @@ class StreamTally:
         self.text: list[str] | None = []  # output text, while the tokenizer may need it
         self.fed = False  # a read came
         self.broken: MalformedAnswer | None = None  # the stream broke the protocol here
+        self.error_event = False  # an ``event: error`` line came: its data is the error
+        #: the most tokens the request asked for (``max_tokens``): a count above it is a lie
+        self.limit = MAX_COUNT
 
     def feed(self, t: float, data: bytes) -> bool:
         """Count one read that arrived at ``t``; True when it brought the stream's first
         token (an event with output or with usage above zero)."""
-        self.fed = True
+        if self.done:
+            return False  # [DONE] ended the stream: what a server sends after it is not read
+        if not self.fed:
+            self.fed = True
+            if data.startswith(_BOM):  # a UTF-8 BOM before the first event is not part of it
+                data = data[len(_BOM) :]
+        if b"\r" in data:  # SSE lines may end in \r\n or a bare \r too
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if self.carry:
             data, self.carry = self.carry + data, b""
         end = data.rfind(b"\n") + 1
@@ -224,6 +265,13 @@ class StreamTally:
                 self._parse(last, tail)
             except MalformedAnswer as exc:
                 self.broken = self.broken or exc
+        if not self.chunks and self.completion_tokens and self.broken is None:
+            self.broken = MalformedAnswer(
+                "stream",
+                f"counted {self.completion_tokens} tokens in events that carried no choice "
+                "(no chunk with output came)",
+                "usage.completion_tokens",
+            )
         if self.completion_tokens is not None or self.finish_reason == "length":
             self.text = None
 
@@ -241,11 +289,14 @@ class StreamTally:
         usages = data.count(_COMPLETION)
         if not usages:
             return b"data:" not in data  # events without usage: parsed
+        if DONE in data:
+            return False  # [DONE] ends the stream: the exact parse reads nothing after it
         tail = data.rfind(b"data:")
         for _ in range(2):
             tail = max(data.rfind(b"data:", 0, tail), 0) if tail > 0 else 0
         end = data[tail:]
-        done = DONE in end
+        if data.find(b"event:", max(tail - 64, 0)) >= 0:
+            return False  # an ``event: error`` line: the exact parse reads its data
         if _FINISHED in end or _ERROR in end:
             # the stream ends in this read: the events before its finish (or error) are
             # counted, the rest parsed
@@ -257,10 +308,16 @@ class StreamTally:
             return False
         at = data.rfind(_COMPLETION) + len(_COMPLETION)
         number = _NUMBER.match(data, at)
-        if number is None or data[number.end() : number.end() + 1] not in _COUNT_ENDS:
-            return False  # not a whole number (a string, a float, 1e30): the exact parse says
+        if (
+            number is None
+            or number.end() - at > _COUNT_DIGITS
+            or data[number.end() : number.end() + 1] not in _COUNT_ENDS
+        ):
+            # not a whole number (a string, a float, 1e30) or too many digits to be a count
+            # (int() refuses 4,300): the exact parse says
+            return False
         n = int(number.group())
-        if n < self.prev or n > MAX_COUNT:
+        if n < self.prev or n > self.limit:
             return False  # a count that falls, or out of range: the exact parse refuses it
         chunks = usages - end.count(_NO_CHOICE)
         self.chunks += chunks
@@ -271,7 +328,6 @@ class StreamTally:
             self.usage_counts.append(n - self.prev)
             self.prev = n
         self.completion_tokens = n
-        self.done = self.done or done
         return True
 
     def _parse(self, t: float, data: bytes) -> bool:
@@ -282,6 +338,10 @@ class StreamTally:
             end = data.find(b"\n", pos)
             end = size if end < 0 else end
             line = data[pos:end].strip()
+            if line.startswith(b"event:"):
+                self.error_event = line[6:].strip() == b"error"
+                pos = end + 1
+                continue
             if (
                 self.seen_token
                 and not self.fast
@@ -303,7 +363,8 @@ class StreamTally:
             payload = line[5:].strip()
             if payload == DONE:
                 self.done = True
-                continue
+                self.carry = b""
+                break  # the stream's end: nothing after it is read
             if not payload:
                 continue
             obj = _object(payload)
@@ -313,6 +374,12 @@ class StreamTally:
                     "a data: event",
                 )  # fmt: skip
             choices = obj.get("choices")
+            if self.error_event:  # the data of an ``event: error``: whatever its shape
+                self.error_event = False
+                if self.error is None:
+                    err = obj.get("error", obj)
+                    self.error = str(err.get("message", err) if isinstance(err, dict) else err)
+                continue
             if "error" in obj and not choices:
                 if self.error is None:
                     err = obj["error"]
@@ -346,6 +413,11 @@ class StreamTally:
                 raw = usage.get("completion_tokens")
                 if raw is not None:
                     ct = checked_count(raw, "usage.completion_tokens")
+                    if ct > self.limit:
+                        raise MalformedAnswer(
+                            "stream", f"is {ct:,}, more than the {self.limit:,} max_tokens asked",
+                            "usage.completion_tokens",
+                        )  # fmt: skip
                     if ct < self.prev:
                         raise MalformedAnswer(
                             "stream", f"fell from {self.prev} to {ct} (a count only rises)",
@@ -405,7 +477,7 @@ def parse_stream(reads: list[tuple[float, bytes]]) -> StreamTally:
 def error_message(body: str) -> str:
     """The human part of an OpenAI/vLLM error body, or the body itself, shortened."""
     try:
-        data = json.loads(body)
+        data = loads(body)
     except ValueError:
         return body.strip()[:300] or "(empty body)"
     if isinstance(data, dict):

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -65,6 +66,63 @@ MARKDOWN = (
 )
 
 
+#: a whole number of 5,000 digits (Python's json refuses to read it: past its int limit), put in
+#: an answer's bytes where :func:`_digits` finds this mark
+DIGITS = b"1" + b"0" * 4999
+DIGITS_MARK = "__hostile_digits__"
+#: an HTML page, where JSON or SSE should be
+HTML = b"<!DOCTYPE html><html><head><title>Login</title></head><body><h1>Sign in</h1></body></html>"
+
+
+#: a model id whose right-to-left override shows "hostile-exe.txt" as "hostile-txt.exe"
+BIDI = "hostile-\u202etxt.exe\u202c\u200b-model"
+
+
+def encoded_key(key: str) -> tuple[str, str]:
+    """The key as key_encoded echoes it: base64 of ``Bearer KEY``, and every byte
+    percent-encoded."""
+    b64 = base64.b64encode(f"Bearer {key}".encode()).decode()
+    return b64, "".join(f"%{b:02X}" for b in key.encode())
+
+
+def _digits(body: bytes) -> bytes:
+    return body.replace(b'"' + DIGITS_MARK.encode() + b'"', DIGITS)
+
+
+async def bad_chunk(out: Writer, ctype: str, body: bytes) -> None:
+    """``body``'s first half as a chunk, then a chunk size that is not hex."""
+    out.head(200, [("Content-Type", ctype), ("Transfer-Encoding", "chunked")])
+    half = body[: len(body) // 2]
+    out.w.write(b"%x\r\n%s\r\nzz\r\n%s\r\n0\r\n\r\n" % (len(half), half, body[len(half) :]))
+    await out.w.drain()
+    raise Closed
+
+
+_GZIP: dict[tuple[bytes, int], bytes] = {}
+#: what the stream's gzip bomb inflates to: one event of 256 MB
+BOMB_EVENT = (
+    b'data: {"id":"cmpl-hostile-bomb","object":"text_completion","created":0,'
+    b'"model":"hostile","choices":[{"index":0,"text":"',
+    b"a",
+    256 << 20,
+    b'","finish_reason":null}]}\n\n',
+)
+
+
+def gzip_blob(head: bytes, fill: bytes, n: int, tail: bytes) -> bytes:
+    """``head`` + ``fill`` × ``n`` + ``tail``, gzip-compressed (made once, kept)."""
+    key = (head + fill + tail, n)
+    if key not in _GZIP:
+        z = zlib.compressobj(9, zlib.DEFLATED, 31)
+        parts = [z.compress(head)]
+        block = fill * (1 << 20)
+        for _ in range(n // len(block)):
+            parts.append(z.compress(block))
+        parts += [z.compress(tail), z.flush()]
+        _GZIP[key] = b"".join(parts)
+    return _GZIP[key]
+
+
 @dataclass(frozen=True)
 class Case:
     """One misbehaviour: the route it is on and what it does there."""
@@ -88,6 +146,50 @@ CASES: dict[str, Case] = {
     "choices_object": Case("/v1/completions", "choices as an object, not a list", True),
     "delta_string": Case("/v1/completions", "choices[].delta as a string", True),
     "not_json": Case("/v1/completions", "a data: payload that is not JSON", True),
+    "json_bomb": Case("/v1/completions", "a data: payload of 100,000 nested '['", True),
+    "count_digits": Case(
+        "/v1/completions", "usage.completion_tokens a whole number of 5,000 digits", True
+    ),
+    "tokens_10x": Case(
+        "/v1/completions",
+        "usage.completion_tokens 10 times the tokens sent (past max_tokens)",
+        True,
+    ),
+    "after_done": Case(
+        "/v1/completions",
+        "after data: [DONE], a second stream's worth of chunks (counts rising)",
+        True,
+    ),
+    "choices_empty": Case(
+        "/v1/completions", "choices [] on every chunk, usage rising, no text", True
+    ),
+    "event_error": Case(
+        "/v1/completions", "an 'event: error' line and a data: {\"message\": ...} event", True
+    ),
+    "no_finish": Case(
+        "/v1/completions", "the stream ends after 2 tokens: no finish_reason, no [DONE]", True
+    ),
+    "nul_in_stream": Case("/v1/completions", "a NUL byte inside a data: payload", True),
+    "bad_utf8": Case("/v1/completions", "invalid UTF-8 bytes inside a data: payload", True),
+    "finish_esc": Case(
+        "/v1/completions", "finish_reason holding ESC sequences and '\\n::error'", True
+    ),
+    "stream_html": Case("/v1/completions", "HTTP 200 text/html: an HTML page, not SSE", True),
+    "close_after_headers": Case(
+        "/v1/completions", "HTTP 200 SSE headers, then the connection closed", True
+    ),
+    "stream_bad_chunk": Case(
+        "/v1/completions", "a chunked-encoding chunk size that is not hex", True
+    ),
+    "stream_gzip_bomb": Case(
+        "/v1/completions", "Content-Encoding gzip: 256 KB that inflates to one line of 256 MB", True
+    ),
+    "retry_after": Case("/v1/completions", "HTTP 429 with Retry-After: 86400", True),
+    # -- stream shapes a well-behaved server may send (positive) ------------------------------
+    "crlf": Case("/v1/completions", "SSE lines ended by \\r\\n", True),
+    "cr_only": Case("/v1/completions", "SSE lines ended by a bare \\r", True),
+    "data_no_space": Case("/v1/completions", "data:{...} without the space", True),
+    "bom": Case("/v1/completions", "a UTF-8 BOM before the stream's first event", True),
     # -- time --------------------------------------------------------------------------------
     "ping_forever": Case(
         "/v1/completions", "': ping' comments every --interval s, never a token", True
@@ -107,11 +209,28 @@ CASES: dict[str, Case] = {
     "metrics_huge": Case("/metrics", "a valid Prometheus text of --size bytes"),
     "header_huge": Case("every route", "a response header of 1 MB"),
     "model_id_huge": Case("/v1/models", "a model id of 1 MB"),
+    "models_bad_chunk": Case("/v1/models", "a chunked-encoding chunk size that is not hex"),
+    "models_gzip_bomb": Case("/v1/models", "Content-Encoding gzip: 100 KB that inflates to 100 MB"),
+    "models_length_short": Case("/v1/models", "a Content-Length 10 bytes short of its body"),
+    "models_length_long": Case("/v1/models", "a Content-Length 10 bytes past its body, held"),
+    "models_html": Case("/v1/models", "HTTP 200 text/html: an HTML page"),
+    "models_continue": Case("/v1/models", "an unasked HTTP 100 Continue before its answer"),
+    "headers_many": Case("every route", "10,000 small response headers"),
+    "header_nul": Case("every route", "a response header holding a NUL byte"),
+    "metrics_bad_chunk": Case("/metrics", "a chunked-encoding chunk size that is not hex"),
+    "version_list": Case("/version", "a JSON list"),
+    "version_bomb": Case("/version", "100,000 nested '['"),
+    "models_bomb": Case("/v1/models", "100,000 nested '['"),
     # -- values ------------------------------------------------------------------------------
     "mml_huge": Case("/v1/models", "max_model_len 1e30"),
     "mml_negative": Case("/v1/models", "max_model_len -5"),
     "mml_bool": Case("/v1/models", "max_model_len true"),
     "models_data_int": Case("/v1/models", 'the answer {"data": 5}'),
+    "mml_string": Case("/v1/models", 'max_model_len "32768" (a string)'),
+    "mml_2_63": Case("/v1/models", "max_model_len 2^63"),
+    "mml_digits": Case("/v1/models", "max_model_len a whole number of 5,000 digits"),
+    "blocks_zero": Case("/metrics", "no kv_cache_size_tokens, num_gpu_blocks 0"),
+    "metrics_timestamps": Case("/metrics", "every sample with a timestamp (valid Prometheus)"),
     "kv_string_zero": Case("/metrics", 'kv_cache_size_tokens="0"'),
     "gen_counter_nan": Case("/metrics", "vllm:generation_tokens_total NaN"),
     "gen_counter_inf": Case("/metrics", "vllm:generation_tokens_total +Inf"),
@@ -129,10 +248,21 @@ CASES: dict[str, Case] = {
         "/v1/completions", "a streamed error event that echoes the API key", True
     ),
     "key_in_error_body": Case("/v1/completions", "HTTP 500 whose body echoes the API key", True),
+    "key_json_escaped": Case(
+        "/v1/completions", "HTTP 500 whose JSON body holds the key as \\u escapes", True
+    ),
+    "key_encoded": Case(
+        "/v1/completions",
+        "HTTP 500 whose message holds the key base64-encoded (as 'Bearer KEY') and percent-encoded",
+        True,
+    ),
     "key_across_cut": Case(
         "/v1/completions",
         "HTTP 500 whose body holds the API key across its 200th and 500th characters",
         True,
+    ),
+    "health_trickle": Case(
+        "/health", "its status line one byte every --interval s (under --llm-serve)"
     ),
     "serve_fails": Case(
         "--llm-serve", "prints its command line (the key in it) and exits 1 without serving"
@@ -147,6 +277,9 @@ CASES: dict[str, Case] = {
         "/v1/completions", "a streamed error event with ESC sequences and '\\n::error'", True
     ),
     "markdown_in_model_id": Case("/v1/models", "Markdown and HTML in the model id"),
+    "bidi_in_model_id": Case(
+        "/v1/models", "a right-to-left override and zero-width characters in the model id"
+    ),
     # -- redirects ---------------------------------------------------------------------------
     "redirect_other_port": Case(
         "every route", "HTTP 307 to the same path on another port (a well-behaved server)"
@@ -218,9 +351,12 @@ class Writer:
         self.r = reader
         self.w = writer
         self.extra = extra  # headers every answer carries (the case's)
+        self.transform: Callable[[bytes], bytes] | None = None  # a stream case's SSE bytes
 
     def head(self, status: int, headers: list[tuple[str, str]]) -> None:
-        reason = {200: "OK", 307: "Temporary Redirect", 404: "Not Found"}.get(status, "Error")
+        reason = {200: "OK", 307: "Temporary Redirect", 404: "Not Found", 429: "Too Many"}.get(
+            status, "Error"
+        )
         lines = [f"HTTP/1.1 {status} {reason}", *(f"{k}: {v}" for k, v in headers + self.extra)]
         self.w.write(("\r\n".join(lines) + "\r\n\r\n").encode("utf-8"))
 
@@ -252,6 +388,8 @@ class Writer:
         )
 
     async def chunk(self, data: bytes) -> None:
+        if self.transform is not None:
+            data = self.transform(data)
         self.w.write(b"%x\r\n%s\r\n" % (len(data), data))
         await self.w.drain()
 
@@ -282,6 +420,7 @@ class Hostile:
             "model_id_huge": "hostile-" + "m" * (1 << 20),
             "esc_in_model_id": "hostile" + INJECTED + "-model",
             "markdown_in_model_id": MARKDOWN,
+            "bidi_in_model_id": BIDI,
         }.get(self.case, MODEL)
 
     # -- connections -----------------------------------------------------------------------
@@ -292,6 +431,10 @@ class Hostile:
         extra = [("Server", "llmspeed-hostile")]
         if self.case == "header_huge":
             extra.append(("X-Hostile-Padding", "h" * (1 << 20)))
+        if self.case == "headers_many":
+            extra += [(f"X-Hostile-{i}", "h") for i in range(10_000)]
+        if self.case == "header_nul":
+            extra.append(("X-Hostile", "a\x00b"))
         out = Writer(reader, writer, extra)
         try:
             while True:
@@ -365,21 +508,42 @@ class Hostile:
     # -- small routes ------------------------------------------------------------------------
 
     async def health(self, req: Request, out: Writer) -> None:
+        if self.case == "health_trickle":
+            for b in b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n":
+                out.w.write(bytes([b]))
+                await out.w.drain()
+                await asyncio.sleep(self.o.interval)
+            return
         await out.whole(200, b"")
 
     async def version(self, req: Request, out: Writer) -> None:
+        if self.case in ("version_list", "version_bomb"):
+            body = b"[" * 100_000 if self.case == "version_bomb" else b'["0.26.1", "hostile"]'
+            await out.whole(200, body)
+            return
         version = VERSION + INJECTED if self.case == "esc_in_version" else VERSION
         await out.whole(200, _dumps({"version": version}))
 
     def _mml(self) -> Any:
-        return {"mml_huge": 1e30, "mml_negative": -5, "mml_bool": True}.get(
-            self.case, MAX_MODEL_LEN
-        )
+        return {
+            "mml_huge": 1e30,
+            "mml_negative": -5,
+            "mml_bool": True,
+            "mml_string": str(MAX_MODEL_LEN),
+            "mml_2_63": 2**63,
+            "mml_digits": DIGITS_MARK,
+        }.get(self.case, MAX_MODEL_LEN)
 
     async def models(self, req: Request, out: Writer) -> None:
         head = req.method == "HEAD"
         if self.case == "models_data_int":
             await out.whole(200, b'{"data": 5}', head_only=head)
+            return
+        if self.case == "models_bomb":
+            await out.whole(200, b"[" * 100_000, head_only=head)
+            return
+        if self.case == "models_html" and not head:
+            await out.whole(200, HTML, "text/html; charset=utf-8")
             return
         entry = {
             "id": self.model,
@@ -391,7 +555,9 @@ class Hostile:
             "max_model_len": self._mml(),
             "permission": [],
         }
-        body = _dumps({"object": "list", "data": [entry]})
+        body = _digits(_dumps({"object": "list", "data": [entry]}))
+        if not head and await self.models_http(body, out):
+            return
         if self.case == "models_huge" and not head:
             # the padding goes in a field of its own, after the model list
             start, end = body[:-1] + b',"padding":"', b'"}'
@@ -412,6 +578,39 @@ class Hostile:
                 await asyncio.sleep(self.o.interval)
             return
         await out.whole(200, body, head_only=head)
+
+    async def models_http(self, body: bytes, out: Writer) -> bool:
+        """The HTTP-level cases of /v1/models; False: not one of them."""
+        case = self.case
+        if case == "models_bad_chunk":
+            await bad_chunk(out, "application/json", body)
+        elif case == "models_gzip_bomb":
+            blob = gzip_blob(body[:-1] + b',"padding":"', b"p", 100 << 20, b'"}')
+            out.head(
+                200,
+                [
+                    ("Content-Type", "application/json"),
+                    ("Content-Encoding", "gzip"),
+                    ("Content-Length", str(len(blob))),
+                ],
+            )
+            out.w.write(blob)
+            await out.w.drain()
+        elif case in ("models_length_short", "models_length_long"):
+            n = len(body) - 10 if case == "models_length_short" else len(body) + 10
+            out.head(200, [("Content-Type", "application/json"), ("Content-Length", str(n))])
+            out.w.write(body)
+            await out.w.drain()
+            if case == "models_length_long":
+                while await out.r.read(4096):  # held: the 10 bytes never come
+                    pass
+                raise Closed
+        elif case == "models_continue":
+            out.w.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await out.whole(200, body)
+        else:
+            return False
+        return True
 
     async def tokenize_route(self, req: Request, out: Writer) -> None:
         body = req.json()
@@ -441,6 +640,15 @@ class Hostile:
             )
             return
         text = self.metrics_text().encode()
+        if case == "metrics_bad_chunk":
+            await bad_chunk(out, "text/plain; version=0.0.4", text)
+            return
+        if case == "metrics_timestamps":
+            stamp = b" %d" % int(time.time() * 1000)
+            text = b"\n".join(
+                line + stamp if line and not line.startswith(b"#") else line
+                for line in text.split(b"\n")
+            )
         if case == "metrics_huge":
             line = b'hostile_padding_total{i="0000000000"} 1\n'
             block = line * ((1 << 20) // len(line))
@@ -467,7 +675,8 @@ class Hostile:
             gen -= self.restart_at
         gen_text = {"gen_counter_nan": "NaN", "gen_counter_inf": "+Inf"}.get(case, f"{gen:.1f}")
         size = "0" if case == "kv_string_zero" else str(KV_TOKENS)
-        blocks = "0" if case == "kv_string_zero" else str(KV_TOKENS // BLOCK)
+        blocks = "0" if case in ("kv_string_zero", "blocks_zero") else str(KV_TOKENS // BLOCK)
+        size_label = "" if case == "blocks_zero" else f'kv_cache_size_tokens="{size}",'
         usage = 0.0 if case != "gauges_negative" else -0.5
         return (
             "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
@@ -488,7 +697,7 @@ class Hostile:
             "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
             "# TYPE vllm:cache_config_info gauge\n"
             f'vllm:cache_config_info{{block_size="{BLOCK}",cache_dtype="auto",'
-            f'enable_prefix_caching="True",engine="0",kv_cache_size_tokens="{size}",'
+            f'enable_prefix_caching="True",engine="0",{size_label}'
             f'num_gpu_blocks="{blocks}"}} 1.0\n'
         )
 
@@ -525,8 +734,30 @@ class Hostile:
         stream = Stream(self, out, chat, prompt_tokens, n, finish, body, bad)
         self.running += 1
         try:
-            if bad and self.case in ("key_in_error_body", "key_across_cut", "esc_in_error_body"):
+            if bad and self.case in (
+                "key_in_error_body",
+                "key_across_cut",
+                "esc_in_error_body",
+                "key_json_escaped",
+                "key_encoded",
+            ):
                 await out.whole(500, self._error_body())
+                return
+            if bad and self.case == "stream_html":
+                await out.whole(200, HTML, "text/html; charset=utf-8")
+                return
+            if bad and self.case == "retry_after":
+                busy = _error("Too many requests: come back tomorrow", 429)
+                out.head(
+                    429,
+                    [
+                        ("Content-Type", "application/json"),
+                        ("Retry-After", "86400"),
+                        ("Content-Length", str(len(busy))),
+                    ],
+                )
+                out.w.write(busy)
+                await out.w.drain()
                 return
             if body.get("stream"):
                 await stream.run()
@@ -537,7 +768,16 @@ class Hostile:
 
     def _error_body(self) -> bytes:
         key = self.o.api_key or "sk-no-key-given"
-        if self.case == "esc_in_error_body":
+        if self.case == "key_json_escaped":  # each character of the key as a \\u escape
+            escaped = "".join(f"\\u{ord(c):04x}" for c in key)
+            return (
+                b'{"error":{"message":"invalid api key ' + escaped.encode() + b': try again",'
+                b'"type":"InternalServerError","param":null,"code":500}}'
+            )
+        if self.case == "key_encoded":
+            b64, pct = encoded_key(key)
+            message = f"bad credentials {b64} (from ?key={pct})"
+        elif self.case == "esc_in_error_body":
             message = "engine failure" + INJECTED
         elif self.case == "key_in_error_body":
             message = f"invalid request for api key {key}: try again"
@@ -588,12 +828,18 @@ class Stream:
             count = 1e30
         elif case == "tokens_falling" and c > 4:
             count = 0
+        elif case == "count_digits" and c > 2:
+            count = DIGITS_MARK
+        elif case == "tokens_10x":
+            count = 10 * c
         usage["completion_tokens"] = count
         if case == "usage_list":
             return [self.p, c]
         return usage
 
     def event(self, text: str, finish: str | None, usage: bool, role: bool = False) -> bytes:
+        if self.bad and self.s.case == "finish_esc" and finish:
+            finish = finish + INJECTED
         choice: dict[str, Any] = {"index": 0}
         if self.chat:
             choice["delta"] = {"role": "assistant", "content": ""} if role else {"content": text}
@@ -612,9 +858,11 @@ class Stream:
         }
         if self.bad and self.s.case == "choices_object":
             obj["choices"] = choice
+        if self.bad and self.s.case == "choices_empty":
+            obj["choices"] = []
         if usage:
             obj["usage"] = self.usage(self.sent)
-        return b"data: " + _dumps(obj) + b"\n\n"
+        return b"data: " + _digits(_dumps(obj)) + b"\n\n"
 
     async def token(self) -> None:
         """Generate one token (its time), counted by the server's counters."""
@@ -632,8 +880,22 @@ class Stream:
 
     async def run(self) -> None:
         out, case, bad = self.out, self.s.case, self.bad
+        if bad and case == "stream_gzip_bomb":
+            await self.gzip_bomb()
+            return
         out.start_stream()
         await out.w.drain()
+        if bad and case == "close_after_headers":
+            raise Closed
+        if bad and case == "bom":
+
+            def bom(data: bytes) -> bytes:
+                out.transform = None
+                return b"\xef\xbb\xbf" + data
+
+            out.transform = bom
+        elif bad:
+            out.transform = TRANSFORMS.get(case)
         if bad and case == "ping_forever":
             while True:
                 await out.chunk(b": ping\n\n")
@@ -652,6 +914,24 @@ class Stream:
             if bad and case == "not_json" and i == 1:
                 await out.chunk(b"data: {this is not json, count: 2\n\n")
                 continue
+            if bad and case == "json_bomb" and i == 1:
+                await out.chunk(b"data: " + b"[" * 100_000 + b"\n\n")
+                continue
+            if bad and case in ("nul_in_stream", "bad_utf8") and i == 1:
+                raw = b"\x00" if case == "nul_in_stream" else b"\xff\xfe\xc3"
+                await out.chunk(self.event(text, None, self.continuous).replace(b" w", raw, 1))
+                continue
+            if bad and case == "event_error" and i == 1:
+                await out.chunk(b'event: error\ndata: {"message":"engine failure","code":500}\n\n')
+                await out.end_stream()
+                return
+            if bad and case == "stream_bad_chunk" and i == 2:
+                out.w.write(b"zz\r\nnot a chunk\r\n")
+                await out.w.drain()
+                raise Closed
+            if bad and case == "no_finish" and i == min(2, self.n // 2):
+                await out.end_stream()
+                return
             if bad and case in ("key_in_stream_error", "esc_in_stream_error") and i == 1:
                 key = self.s.o.api_key or "sk-no-key-given"
                 message = (
@@ -674,11 +954,32 @@ class Stream:
                    "model": MODEL, "choices": [], "usage": self.usage(self.sent)}  # fmt: skip
             await out.chunk(b"data: " + _dumps(obj) + b"\n\n")
         await out.chunk(b"data: [DONE]\n\n")
+        if bad and case == "after_done":  # the same stream again, its counts rising on
+            again = []
+            for _ in range(self.n):
+                self.sent += 1
+                again.append(self.event(f" again{self.sent}", None, self.continuous))
+            await out.chunk(b"".join(again) + b"data: [DONE]\n\n")
         if bad and case == "done_keep_open":
             while await out.r.read(4096):  # held until the client closes it
                 pass
             raise Closed
         await out.end_stream()
+
+    async def gzip_bomb(self) -> None:
+        """A gzip-compressed stream (its head says so) of one event 1 GB long."""
+        self.out.head(
+            200,
+            [
+                ("Content-Type", "text/event-stream; charset=utf-8"),
+                ("Content-Encoding", "gzip"),
+                ("Transfer-Encoding", "chunked"),
+            ],
+        )
+        blob = gzip_blob(*BOMB_EVENT)
+        for i in range(0, len(blob), 1 << 16):
+            await self.out.chunk(blob[i : i + (1 << 16)])
+        await self.out.end_stream()
 
     async def long_event(self, text: str) -> None:
         """One event of ``--size`` bytes: its text is that long, its line end at its end."""
@@ -709,6 +1010,14 @@ class Stream:
             "usage": self.usage(self.n),
         }
         await self.out.whole(200, _dumps(obj))
+
+
+#: the stream cases that change every byte of their SSE (line ends, the data: field, a BOM)
+TRANSFORMS: dict[str, Callable[[bytes], bytes]] = {
+    "crlf": lambda b: b.replace(b"\n", b"\r\n"),
+    "cr_only": lambda b: b.replace(b"\n", b"\r"),
+    "data_no_space": lambda b: b.replace(b"data: ", b"data:"),
+}
 
 
 def _error(message: str, code: int) -> bytes:
@@ -765,6 +1074,8 @@ async def _read_request(reader: asyncio.StreamReader) -> Request | None:
 
 async def serve(options: Options, port: int, exit_with_stdin: bool) -> None:
     server = Hostile(options)
+    if options.case == "stream_gzip_bomb":  # made before it listens (1-2 s), not in a request
+        gzip_blob(*BOMB_EVENT)
     limit = 1 << 24  # a request's header block (the prompt is the body)
     main = await asyncio.start_server(server.connection, "127.0.0.1", port, limit=limit)
     server.port = main.sockets[0].getsockname()[1]
