@@ -273,7 +273,8 @@ def reference_of(
     ``--llm-save-baseline`` would write it and :func:`load` read it back: each cell's floors
     with their intervals, rounded as the file rounds them (values to the figure's digits,
     intervals outwards). What ``compare`` judges a later run against, so that it and the
-    stored gate give the same verdicts."""
+    stored gate give the same verdicts. Every measured record counts (a failed one too:
+    ``compare`` compares what both runs measured), where a saved file keeps the valid ones."""
     baseline = Baseline(Path(path), {"runs": 1}, tolerance)
     for rec in records:
         if not rec.measured:

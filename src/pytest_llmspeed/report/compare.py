@@ -184,7 +184,7 @@ def judged(old: CellRecord, new: CellRecord, tolerance: float) -> tuple[Verdict,
     entry = reference_of([old], tolerance).cells.get(str(old.id))
     fresh = bool(new.gate and new.gate.checks and new.gate.checks[0].fresh_starts)
     found = verdict(entry, attempts_of(new), fresh_starts=fresh)
-    return _OF_OUTCOME.get(found.outcome, Verdict.SAME), found.checks
+    return _OF_OUTCOME.get(found.outcome, Verdict.NOT_MEASURED), found.checks
 
 
 def explanation(a: CellRecord, b: CellRecord, verdict: Verdict) -> str:
