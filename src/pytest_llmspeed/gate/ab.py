@@ -7,9 +7,14 @@ measuring again. The plugin's runner (``plugin/ab.py``) drives it; the judge is
 A round is the selected cells measured on one start of one version. Rounds come in blocks of
 four, old new new old (A B B A); a block's change of a figure is
 ``d = (ln B1 + ln B2 − ln A1 − ln A2) / 2``, in which a drift linear over the block cancels
-exactly. The blocks' d of one figure are its samples; their spread is pooled over every figure
-of the same kind of cell (decode, prefill) in the A/B, since a slow start or a drift is mostly
-the whole server's: two blocks then give many degrees of freedom where one cell alone has one.
+exactly. The blocks' d of one figure are its samples. Their variance has two parts: what moves
+between starts (a start's factor, the drift's curvature), mostly the whole server's, and each
+measurement's own noise, which each round's interval gives (a decode window's batch means, a
+prefill cell's cold requests): ``var d = σ² + (w²(A1) + w²(B1) + w²(B2) + w²(A2)) / 4``. σ² is
+pooled over every figure of every cell of the A/B (its spread of d less the windows' part), so
+two blocks give many degrees of freedom where one cell alone has one, and a cell noisier than
+the others (a prefill of six cold requests beside decode windows) keeps its own noise. Where a
+round has no interval, the spread of d pooled over the cells of that kind stands instead.
 
 No numpy, no pytest.
 """
@@ -17,15 +22,19 @@ No numpy, no pytest.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .judge import Change, Judgement, Verdict, abba_blocks, judge
+from .judge import Change, Judgement, Verdict, judge
 
 #: the arms in the order of one block: old, new, new, old
 BLOCK = ("old", "new", "new", "old")
-#: blocks every A/B runs before any cell may stop (one block's spread is not known)
+#: blocks a cell is measured in before it may be called regressed, improved or hopelessly
+#: unknown; "same" may stop it after the first. One block's spread comes from its noise
+#: contrasts alone, which a drift's curvature does not move but the block's change does: a
+#: regression called on one block would be called on too little (a false alarm fails a build),
+#: a "same" called on one block lets an unchanged cell stop at 4 starts
 MIN_BLOCKS = 2
 #: the figures an A/B judges, by the kind of cell, and whether higher is better: the ones the
 #: stored gate floors by default (latency ceilings are opt-in there; here they are shown)
@@ -47,6 +56,30 @@ def kind_of(cell: str) -> str:
     return cell.partition("[")[0]
 
 
+@dataclass(frozen=True)
+class Block:
+    """One complete block of one figure: ``d``, its ln(new / old); ``noise``, the contrast
+    ``(−A1 + 3 B1 − 3 B2 + A2) / √20`` of its logs, which neither the versions' difference nor
+    a drift up to quadratic over the block moves and whose variance is d's (a measurement's
+    noise), so each block gives the spread one more degree of freedom; each with the variance
+    the measurements' own intervals give it (None: a round had none)."""
+
+    d: float
+    noise: float
+    d_own: float | None = None
+    noise_own: float | None = None
+
+    @classmethod
+    def of(cls, logs: Sequence[float], ses: Sequence[float] | None) -> Block:
+        a1, b1, b2, a2 = logs
+        d = (b1 + b2 - a1 - a2) / 2
+        noise = (-a1 + 3 * b1 - 3 * b2 + a2) / math.sqrt(20)
+        if ses is None:
+            return cls(d, noise)
+        w = [x * x for x in ses]
+        return cls(d, noise, sum(w) / 4, (w[0] + 9 * w[1] + 9 * w[2] + w[3]) / 20)
+
+
 @dataclass
 class Round:
     """One round: one start of one version, the selected cells' figures on it."""
@@ -57,6 +90,9 @@ class Round:
     cells: dict[str, dict[str, float]] = field(default_factory=dict)
     #: cell id → why it has no figures in this round (failed, error, skipped)
     missing: dict[str, str] = field(default_factory=dict)
+    #: cell id → figure → its relative standard error within the round (from its interval;
+    #: absent: none known)
+    se: dict[str, dict[str, float]] = field(default_factory=dict)
     duration_s: float = 0.0
     started_at: str = ""
 
@@ -155,30 +191,68 @@ class Ledger:
 
     def block_changes(self, cell: str, figure: str) -> list[float]:
         """The complete blocks' ln(new / old) of one figure of one cell, in order."""
-        out: list[float] = []
+        return [b.d for b in self.blocks(cell, figure)]
+
+    def blocks(self, cell: str, figure: str) -> list[Block]:
+        """The complete blocks of one figure of one cell, in order."""
+        out: list[Block] = []
         for start in range(0, len(self.rounds) - len(BLOCK) + 1, len(BLOCK)):
-            block = self.rounds[start : start + len(BLOCK)]
-            values = [r.cells.get(cell, {}).get(figure) for r in block]
+            rounds = self.rounds[start : start + len(BLOCK)]
+            values = [r.cells.get(cell, {}).get(figure) for r in rounds]
             if any(v is None or not v > 0 or not math.isfinite(v) for v in values):
                 continue
-            a1, b1, b2, a2 = values
-            assert a1 and b1 and b2 and a2
-            out.extend(abba_blocks([a1, a2], [b1, b2]))
+            logs = [math.log(v) for v in values if v is not None]
+            ses = [r.se.get(cell, {}).get(figure) for r in rounds]
+            known = [w for w in ses if w is not None and math.isfinite(w)]
+            out.append(Block.of(logs, known if len(known) == len(BLOCK) else None))
         return out
 
-    def pooled(self, kind: str) -> tuple[float, int]:
-        """The spread (variance of one block's d) pooled over every figure of every cell of
-        ``kind`` with two or more complete blocks, and its degrees of freedom."""
-        ss, df = 0.0, 0
-        for cell in self.cells(kind):
-            for figure, _ in FIGURES.get(kind, ()):
-                d = self.block_changes(cell, figure)
-                if len(d) < 2:
+    def _spread(self, cells: Iterable[str]) -> tuple[float, float, int, bool]:
+        """Over every figure of ``cells`` with a complete block: the sum of squares
+        of the blocks' d about their mean and of their noise contrasts, what the measurements'
+        own noise accounts for of it, its degrees of freedom, and whether every round had an
+        interval."""
+        ss = own = 0.0
+        df = 0
+        intervals = True
+        for cell in cells:
+            for figure, _ in FIGURES.get(kind_of(cell), ()):
+                got = self.blocks(cell, figure)
+                if not got:
+                    continue  # one block: its noise contrast alone (1 degree of freedom)
+                mean = sum(b.d for b in got) / len(got)
+                ss += sum((b.d - mean) ** 2 + b.noise**2 for b in got)
+                df += 2 * len(got) - 1
+                if any(b.d_own is None for b in got):
+                    intervals = False
                     continue
-                mean = sum(d) / len(d)
-                ss += sum((x - mean) ** 2 for x in d)
-                df += len(d) - 1
+                n = len(got)
+                own += sum((b.d_own or 0.0) * (n - 1) / n + (b.noise_own or 0.0) for b in got)
+        return ss, own, df, intervals
+
+    def pooled(self, kind: str) -> tuple[float, int]:
+        """The variance of one block's d pooled over every figure of every cell of ``kind``
+        with a complete block (the blocks' spread about their mean, and each block's noise
+        contrast), and its degrees of freedom."""
+        ss, _, df, _ = self._spread(self.cells(kind))
         return (ss / df if df else math.inf), df
+
+    def between(self) -> tuple[float, int] | None:
+        """σ², what moves between starts, pooled over every figure of every cell whose rounds
+        all have intervals: the blocks' spread less the measurements' own part (at least 0);
+        its degrees of freedom. None when no figure has a complete block."""
+        ss, own, df, _ = self._spread(
+            c
+            for c in self.cells()
+            if all(
+                b.d_own is not None
+                for f, _ in FIGURES.get(kind_of(c), ())
+                for b in self.blocks(c, f)
+            )
+        )
+        if not df:
+            return None
+        return max(0.0, (ss - own) / df), df
 
     def cells(self, kind: str | None = None) -> list[str]:
         """Every cell measured in some round (of ``kind``), in the order first seen."""
@@ -195,19 +269,28 @@ class Ledger:
     # -- the verdicts -----------------------------------------------------------------------
 
     def judge(self, cell: str) -> CellVerdict:
-        """The cell's verdict from its complete blocks, with the kind's pooled spread."""
+        """The cell's verdict from its complete blocks: each figure's variance of d is the
+        A/B's σ² plus its own measurements' noise (or, without intervals, the kind's pooled
+        spread)."""
         kind = kind_of(cell)
-        variance, df = self.pooled(kind)
+        between = self.between()
+        kind_var, kind_df = self.pooled(kind)
         figures: dict[str, Judgement] = {}
         blocks = 0
         for figure, higher in FIGURES.get(kind, ()):
-            d = self.block_changes(cell, figure)
-            if not d:
+            got = self.blocks(cell, figure)
+            if not got:
                 continue
-            blocks = max(blocks, len(d))
-            mean = sum(d) / len(d)
-            se = math.sqrt(variance / len(d)) if df else math.inf
-            change = Change(mean if higher else -mean, se, df or None, len(d))
+            n = len(got)
+            blocks = max(blocks, n)
+            mean = sum(b.d for b in got) / n
+            if between is not None and all(b.d_own is not None for b in got):
+                own = sum(b.d_own or 0.0 for b in got) / n
+                variance, df = between[0] + own, between[1]
+            else:
+                variance, df = kind_var, kind_df
+            se = math.sqrt(variance / n) if df else math.inf
+            change = Change(mean if higher else -mean, se, df or None, n)
             figures[figure] = judge(change, self.tolerance)
         starts = self.starts(cell)
         if not figures:
@@ -235,14 +318,14 @@ class Ledger:
         blocks could decide (within ``max_blocks`` and ``room``, the blocks the budget still
         allows); the cells decided now."""
         done = len(self.rounds) // len(BLOCK)
-        if done < MIN_BLOCKS:
-            return []
         left = min(max_blocks - done, room)
         now: list[str] = []
         for cell in self.cells():
             if cell in self.decided:
                 continue
             got = self.judge(cell)
+            if done < MIN_BLOCKS and not (got.verdict is Verdict.SAME and left > 0):
+                continue  # before the second block only "same" stops a cell (see MIN_BLOCKS)
             hopeless = got.verdict is Verdict.UNKNOWN and (
                 got.more_blocks is None or got.more_blocks > left or left <= 0
             )
@@ -274,6 +357,7 @@ __all__ = [
     "BLOCK",
     "FIGURES",
     "MIN_BLOCKS",
+    "Block",
     "CellVerdict",
     "Ledger",
     "Round",

@@ -141,8 +141,10 @@ class ABRun:
 
         if index >= self.max_rounds:
             return False
-        if index % len(BLOCK) or index < MIN_BLOCKS * len(BLOCK):
-            return True  # a block is finished once begun; the first two always run
+        if index % len(BLOCK):
+            return True  # a block is finished once begun
+        if index < MIN_BLOCKS * len(BLOCK) and (index == 0 or self.wanted_cells()):
+            return True  # the second block runs for the cells the first did not show same
         if not self.wanted_cells():
             if any(v.verdict.value == "unknown" for v in self.verdicts.values()):
                 self.stopped = (
@@ -191,6 +193,7 @@ class ABRun:
         its test (which passes: the verdict comes when its block ends, as a report of its
         own)."""
         from ..gate.ab import FIGURES, kind_of
+        from ..results import relative_se
 
         cell = str(record.id)
         r = self.ledger.rounds[-1]
@@ -200,6 +203,11 @@ class ABRun:
             if isinstance(getattr(record, name, None), int | float)
         }
         r.missing.pop(cell, None)
+        r.se[cell] = {}
+        for name in r.cells[cell]:
+            ci = getattr(record, f"{name}_ci", None)
+            if ci is not None:  # the window's or the cold requests' own noise
+                r.se[cell][name] = relative_se(r.cells[cell][name], ci)
         record = self.run.store.record(record)
         node = request.node
         node.user_properties.extend(record.properties())
