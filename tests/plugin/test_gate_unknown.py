@@ -95,3 +95,25 @@ def test_unknown_fails_the_run_when_asked(pytester: pytest.Pytester, noisy_basel
         ]
     )
     assert "re-measured" not in result.stdout.str()  # --llm-confirm=0: none
+
+
+def test_re_measurement_stops_when_the_budget_is_spent(
+    pytester: pytest.Pytester, noisy_baseline: str
+) -> None:
+    """--llm-confirm=3 would re-measure each unknown cell 3 times; a budget of 1 s is spent by
+    the first re-measurement (a restart and a 2 s window), so the others are not made, and
+    the cell, the summary and the results file say so."""
+    result = pytester.runpytest(
+        *ARGS,
+        f"--llm-baseline={noisy_baseline}",
+        "--llm-confirm=3",
+        "--llm-budget=1s",
+        "--llm-results=r.json",
+    )
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["  re-measurement stopped by --llm-budget: *decode[[]1K-c1[]]*"])
+    doc = json.loads((pytester.path / "r.json").read_text())
+    decode = next(c for c in doc["cells"] if c["id"] == "decode[1K-c1]")
+    assert len(decode["attempts"]) == 2  # the first, and one re-measurement within the budget
+    assert decode["baseline_budget_cut"] is True
+    assert "re-measurement stopped: the time budget (--llm-budget) is spent" in decode["notes"]
