@@ -44,6 +44,13 @@ ERROR_BODY_LIMIT = 64 << 10
 #: far below any real server's per-request rate (docs/trust.md)
 FLOOR_TOK_S = 1.0
 _MAX_TOKENS = re.compile(rb'"max_tokens":\s*(\d{1,9})')
+#: answers are asked for, and read, uncompressed: aiohttp inflates a whole read at once before
+#: any cap can look at it (64 KB of gzip is 64 MB), so a compressed answer is refused instead
+#: (:func:`refuse_encoding`)
+UNCOMPRESSED: dict[str, Any] = {
+    "auto_decompress": False,
+    "headers": {"Accept-Encoding": "identity"},
+}
 #: seconds an idle pooled connection is kept (below uvicorn's 5 s keep-alive timeout)
 KEEPALIVE_S = 4.0
 
@@ -60,6 +67,7 @@ class FreshConnections:
                 connector=aiohttp.TCPConnector(limit=0, force_close=True),
                 timeout=timeout,
                 read_bufsize=READ_BUFSIZE,
+                **UNCOMPRESSED,
                 max_line_size=HEADER_LIMIT,
                 max_field_size=HEADER_LIMIT,
             )
@@ -95,6 +103,7 @@ class Connection:
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=None, connect=timeout, sock_read=timeout),
             read_bufsize=READ_BUFSIZE,
+            **UNCOMPRESSED,
             max_line_size=HEADER_LIMIT,
             max_field_size=HEADER_LIMIT,
         )
@@ -267,12 +276,29 @@ def size_words(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
+def refuse_encoding(resp: aiohttp.ClientResponse, route: str) -> None:
+    """An answer compressed though the request asked for ``identity``: MalformedAnswer."""
+    encoding = resp.headers.get("Content-Encoding", "").strip().lower()
+    if encoding and encoding != "identity":
+        raise MalformedAnswer(
+            route,
+            f"answered Content-Encoding {for_person(encoding, 40)}, though the request asked "
+            "for identity: a compressed answer is not read",
+        )
+
+
 async def read_body(
     resp: aiohttp.ClientResponse, route: str, limit: int, truncate: bool = False
 ) -> str:
     """A response's body, at most ``limit`` bytes: past it AnswerTooLarge (or, with
     ``truncate``, the first ``limit`` bytes: an error body). Decoded as UTF-8, bad bytes
-    replaced."""
+    replaced. A compressed body is refused (MalformedAnswer; an error body says so)."""
+    try:
+        refuse_encoding(resp, route)
+    except MalformedAnswer as exc:
+        if not truncate:
+            raise
+        return f"(a body not read: {exc.what})"
     length = resp.content_length
     if length is not None and length > limit and not truncate:
         raise AnswerTooLarge(route, f"answered {length:,} bytes, over its {size_words(limit)} cap")
@@ -463,6 +489,7 @@ async def stream_request(
                     rec.t_end = clock()  # answered: out of flight (not open to the window's end)
                     return rec
                 ctype = resp.headers.get("Content-Type", "")
+                refuse_encoding(resp, path)
                 try:
                     async for data in resp.content.iter_any():
                         t = clock()

@@ -156,9 +156,9 @@ def _choice_output(choice: object) -> tuple[str, bool]:
 #: the counted fields, as vLLM, SGLang and the simulator write them (compact JSON); a stream
 #: written otherwise is parsed event by event, exactly, at the cost of a JSON parse each
 _COMPLETION = b'"completion_tokens":'
-_NUMBER = re.compile(rb"\d+")
-#: the most digits of a count (2^31 has 10)
-_COUNT_DIGITS = 10
+#: a count's digits: at most 10 (2^31 has 10), so that one of 5,000 is followed by a digit, not
+#: a count's end, and goes to the exact parse (``int()`` refuses 4,300)
+_NUMBER = re.compile(rb"\d{1,10}")
 _BOM = b"\xef\xbb\xbf"
 #: what follows a whole number in compact JSON (a ``.``, an ``e`` or a quote: not one)
 _COUNT_ENDS = (b",", b"}")
@@ -197,7 +197,8 @@ class StreamTally:
     output)."""
 
     __slots__ = (
-        "broken", "carry", "chunks", "completion_tokens", "done", "error", "error_event", "fast",
+        "broken", "carry", "chunks", "completion_tokens", "cr", "done", "error", "error_event",
+        "fast",
         "fed", "finish_reason", "limit",
         "prev", "prompt_tokens", "seen_token", "text", "text_times", "token_chunks", "usage_chunks",
         "usage_counts", "usage_times",
@@ -223,6 +224,7 @@ class StreamTally:
         self.fed = False  # a read came
         self.broken: MalformedAnswer | None = None  # the stream broke the protocol here
         self.error_event = False  # an ``event: error`` line came: its data is the error
+        self.cr = False  # the stream's lines end in \r (\r\n or bare): made \n
         #: the most tokens the request asked for (``max_tokens``): a count above it is a lie
         self.limit = MAX_COUNT
 
@@ -231,11 +233,15 @@ class StreamTally:
         token (an event with output or with usage above zero)."""
         if self.done:
             return False  # [DONE] ended the stream: what a server sends after it is not read
-        if not self.fed:
-            self.fed = True
-            if data.startswith(_BOM):  # a UTF-8 BOM before the first event is not part of it
+        if not self.seen_token:
+            if not self.fed and data.startswith(_BOM):  # a BOM before the first event
                 data = data[len(_BOM) :]
-        if b"\r" in data:  # SSE lines may end in \r\n or a bare \r too
+            # SSE lines may end in \r\n or a bare \r too: told by the stream's reads up to its
+            # first token, not looked for in every read after (a stream that changes its line
+            # ends part way breaks its next event, and fails)
+            self.cr = self.cr or b"\r" in data
+        self.fed = True
+        if self.cr:
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if self.carry:
             data, self.carry = self.carry + data, b""
@@ -289,14 +295,17 @@ class StreamTally:
         usages = data.count(_COMPLETION)
         if not usages:
             return b"data:" not in data  # events without usage: parsed
-        if DONE in data:
-            return False  # [DONE] ends the stream: the exact parse reads nothing after it
         tail = data.rfind(b"data:")
+        last = data.rfind(_COMPLETION)
+        if last < tail:
+            # the read's last event carries no usage (the data of an ``event: error``, a
+            # stream that stopped sending usage): the exact parse reads it
+            return False
         for _ in range(2):
             tail = max(data.rfind(b"data:", 0, tail), 0) if tail > 0 else 0
         end = data[tail:]
-        if data.find(b"event:", max(tail - 64, 0)) >= 0:
-            return False  # an ``event: error`` line: the exact parse reads its data
+        if DONE in (end if tail == 0 else data):
+            return False  # [DONE] ends the stream: the exact parse reads nothing after it
         if _FINISHED in end or _ERROR in end:
             # the stream ends in this read: the events before its finish (or error) are
             # counted, the rest parsed
@@ -306,13 +315,9 @@ class StreamTally:
                 self._parse(t, data[cut:])
                 return True
             return False
-        at = data.rfind(_COMPLETION) + len(_COMPLETION)
+        at = last + len(_COMPLETION)
         number = _NUMBER.match(data, at)
-        if (
-            number is None
-            or number.end() - at > _COUNT_DIGITS
-            or data[number.end() : number.end() + 1] not in _COUNT_ENDS
-        ):
+        if number is None or data[number.end() : number.end() + 1] not in _COUNT_ENDS:
             # not a whole number (a string, a float, 1e30) or too many digits to be a count
             # (int() refuses 4,300): the exact parse says
             return False
@@ -338,10 +343,6 @@ class StreamTally:
             end = data.find(b"\n", pos)
             end = size if end < 0 else end
             line = data[pos:end].strip()
-            if line.startswith(b"event:"):
-                self.error_event = line[6:].strip() == b"error"
-                pos = end + 1
-                continue
             if (
                 self.seen_token
                 and not self.fast
@@ -357,6 +358,8 @@ class StreamTally:
                     return first
             pos = end + 1
             if not line.startswith(b"data:"):
+                if line and line.startswith(b"event:"):  # its data is an error or not
+                    self.error_event = line[6:].strip() == b"error"
                 continue
             if len(line) > MAX_LINE:
                 raise AnswerTooLarge("stream", f"sent an event longer than {MAX_LINE >> 20} MiB")

@@ -99,6 +99,14 @@ async def bad_chunk(out: Writer, ctype: str, body: bytes) -> None:
 
 
 _GZIP: dict[tuple[bytes, int], bytes] = {}
+#: what the /v1/models gzip bomb inflates to: a valid answer of 100 MB
+MODELS_BOMB = (
+    b'{"object":"list","data":[{"id":"hostile","object":"model","max_model_len":32768}],'
+    b'"padding":"',
+    b"p",
+    100 << 20,
+    b'"}',
+)
 #: what the stream's gzip bomb inflates to: one event of 256 MB
 BOMB_EVENT = (
     b'data: {"id":"cmpl-hostile-bomb","object":"text_completion","created":0,'
@@ -190,6 +198,9 @@ CASES: dict[str, Case] = {
     "cr_only": Case("/v1/completions", "SSE lines ended by a bare \\r", True),
     "data_no_space": Case("/v1/completions", "data:{...} without the space", True),
     "bom": Case("/v1/completions", "a UTF-8 BOM before the stream's first event", True),
+    "http10": Case(
+        "/v1/completions", "HTTP/1.0: no chunked encoding, the stream ends with the close", True
+    ),
     # -- time --------------------------------------------------------------------------------
     "ping_forever": Case(
         "/v1/completions", "': ping' comments every --interval s, never a token", True
@@ -219,6 +230,8 @@ CASES: dict[str, Case] = {
     "header_nul": Case("every route", "a response header holding a NUL byte"),
     "metrics_bad_chunk": Case("/metrics", "a chunked-encoding chunk size that is not hex"),
     "version_list": Case("/version", "a JSON list"),
+    "tokenize_huge": Case("/tokenize", "10,000,000 tokens (20 MB)"),
+    "tokenize_wrong": Case("/tokenize", "twice the tokens the server counts in a prompt"),
     "version_bomb": Case("/version", "100,000 nested '['"),
     "models_bomb": Case("/v1/models", "100,000 nested '['"),
     # -- values ------------------------------------------------------------------------------
@@ -277,6 +290,7 @@ CASES: dict[str, Case] = {
         "/v1/completions", "a streamed error event with ESC sequences and '\\n::error'", True
     ),
     "markdown_in_model_id": Case("/v1/models", "Markdown and HTML in the model id"),
+    "key_in_model_id": Case("/v1/models", "the API key in the model id"),
     "bidi_in_model_id": Case(
         "/v1/models", "a right-to-left override and zero-width characters in the model id"
     ),
@@ -352,6 +366,7 @@ class Writer:
         self.w = writer
         self.extra = extra  # headers every answer carries (the case's)
         self.transform: Callable[[bytes], bytes] | None = None  # a stream case's SSE bytes
+        self.http10 = False  # the stream's bytes as they are, its end the connection's close
 
     def head(self, status: int, headers: list[tuple[str, str]]) -> None:
         reason = {200: "OK", 307: "Temporary Redirect", 404: "Not Found", 429: "Too Many"}.get(
@@ -378,6 +393,9 @@ class Writer:
                 await self.w.drain()
 
     def start_stream(self) -> None:
+        if self.http10:
+            self.w.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+            return
         self.head(
             200,
             [
@@ -390,10 +408,17 @@ class Writer:
     async def chunk(self, data: bytes) -> None:
         if self.transform is not None:
             data = self.transform(data)
+        if self.http10:
+            self.w.write(data)
+            await self.w.drain()
+            return
         self.w.write(b"%x\r\n%s\r\n" % (len(data), data))
         await self.w.drain()
 
     async def end_stream(self) -> None:
+        if self.http10:
+            await self.w.drain()
+            raise Closed
         self.w.write(b"0\r\n\r\n")
         await self.w.drain()
 
@@ -422,6 +447,8 @@ class Hostile:
             "markdown_in_model_id": MARKDOWN,
             "bidi_in_model_id": BIDI,
         }.get(self.case, MODEL)
+        if self.case == "key_in_model_id":
+            self.model = f"hostile-{options.api_key or 'sk-no-key-given'}-model"
 
     # -- connections -----------------------------------------------------------------------
 
@@ -585,7 +612,7 @@ class Hostile:
         if case == "models_bad_chunk":
             await bad_chunk(out, "application/json", body)
         elif case == "models_gzip_bomb":
-            blob = gzip_blob(body[:-1] + b',"padding":"', b"p", 100 << 20, b'"}')
+            blob = gzip_blob(*MODELS_BOMB)
             out.head(
                 200,
                 [
@@ -624,6 +651,13 @@ class Hostile:
             await out.whole(400, _error("'prompt' (a string) or 'messages' is required", 400))
             return
         ids = tokenize(text)
+        if self.case == "tokenize_huge":
+            await out.sized(
+                "application/json", [(b'{"tokens":[1', 1), (b",1" * 1000, 10_000), (b"]}", 1)]
+            )
+            return
+        if self.case == "tokenize_wrong":
+            ids = ids + ids
         answer = {"count": len(ids), "max_model_len": self._mml(), "tokens": ids}
         await out.whole(200, _dumps(answer))
 
@@ -883,6 +917,7 @@ class Stream:
         if bad and case == "stream_gzip_bomb":
             await self.gzip_bomb()
             return
+        out.http10 = bad and case == "http10"
         out.start_stream()
         await out.w.drain()
         if bad and case == "close_after_headers":
@@ -1076,6 +1111,8 @@ async def serve(options: Options, port: int, exit_with_stdin: bool) -> None:
     server = Hostile(options)
     if options.case == "stream_gzip_bomb":  # made before it listens (1-2 s), not in a request
         gzip_blob(*BOMB_EVENT)
+    if options.case == "models_gzip_bomb":
+        gzip_blob(*MODELS_BOMB)
     limit = 1 << 24  # a request's header block (the prompt is the body)
     main = await asyncio.start_server(server.connection, "127.0.0.1", port, limit=limit)
     server.port = main.sockets[0].getsockname()[1]
