@@ -35,9 +35,17 @@ def main(argv: list[str] | None = None) -> int:
         help="the file to write; its suffix picks the format: "
         + "; ".join(f"{o.suffix} {o.help}" for o in OUTPUTS),
     )
-    cmp = sub.add_parser("compare", help="compare two runs, cell by cell")
-    cmp.add_argument("old", help="the earlier results file (before the upgrade)")
-    cmp.add_argument("new", help="the later results file (after the upgrade)")
+    cmp = sub.add_parser(
+        "compare",
+        help="compare two runs, cell by cell; or show the A/B one results file holds "
+        "(--llm-serve-baseline: old against new, measured side by side)",
+    )
+    cmp.add_argument(
+        "old", help="the earlier results file (before the upgrade), or an A/B's results file"
+    )
+    cmp.add_argument(
+        "new", nargs="?", help="the later results file (after the upgrade); none for an A/B's"
+    )
     for output in OUTPUTS:
         cmp.add_argument(
             f"--{output.key}",
@@ -78,6 +86,8 @@ def _run(args: argparse.Namespace) -> int:
         output.write(load(args.results), None, args.output)
         print(f"{output.label}: {args.output}")
         return 0
+    if args.new is None:
+        return _ab(args)
     old, new = load(args.old), load(args.new)
     result = compare(old, new, args.tolerance)
     for line in lines(result, args.old)[1:]:
@@ -92,6 +102,34 @@ def _run(args: argparse.Namespace) -> int:
             output.write(new, result, path)
             print(f"{output.label}: {path}")
     return result.exit_status(unknown_fails=args.unknown == "fail")
+
+
+def _ab(args: argparse.Namespace) -> int:
+    """``compare AB.json``: the A/B that one results file holds, as the run showed it; the
+    exit status is its verdicts' (1 on a regression; on an unknown only with --unknown=fail)."""
+    from .report.ab import lines, markdown
+
+    results = load(args.old)
+    if results.ab is None:
+        raise ResultsError(
+            f"{args.old}: not an A/B's results file (no 'ab' key): give two results files, "
+            "the earlier run's and the later one's, or a file written with --llm-serve-baseline"
+        )
+    for line in lines(results.ab):
+        print(line)
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as fh:
+            fh.write(markdown(results.ab))
+        print(f"markdown: {args.markdown}")
+    for output in OUTPUTS:
+        path = getattr(args, output.dest)
+        if path:
+            output.write(results, None, path)
+            print(f"{output.label}: {path}")
+    counts = results.ab.get("counts", {})
+    if counts.get("regressed"):
+        return 1
+    return 1 if counts.get("unknown") and args.unknown == "fail" else 0
 
 
 if __name__ == "__main__":

@@ -1039,6 +1039,9 @@ class Results:
 
     run: RunInfo
     cells: tuple[CellRecord, ...] = ()
+    #: an A/B's rounds of both versions and its verdicts (plugin/ab.py, gate/ab.py), as the
+    #: file holds them under "ab"; None for a run that was not an A/B
+    ab: Mapping[str, Any] | None = None
 
     def cell(self, cid: CellId | str) -> CellRecord | None:
         key = str(cid)
@@ -1048,11 +1051,14 @@ class Results:
         return [c for c in self.cells if c.phase is phase]
 
     def to_document(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "schema": SCHEMA,
             "run": self.run.to_v1(),
             "cells": [c.to_v1() for c in self.cells],
         }
+        if self.ab is not None:
+            doc["ab"] = dict(self.ab)
+        return doc
 
     def dumps(self) -> str:
         return json.dumps(self.to_document(), indent=1) + "\n"
@@ -1110,7 +1116,10 @@ def loads(text: str, source: str = "<string>") -> Results:
         raise ResultsError(
             f"{source}: a malformed results file ({type(exc).__name__}: {exc})"
         ) from None
-    return Results(run, cells)
+    ab = doc.get("ab")
+    if ab is not None and not (isinstance(ab, dict) and isinstance(ab.get("cells"), dict)):
+        raise ResultsError(f"{source}: a malformed results file ('ab' is not an A/B's record)")
+    return Results(run, cells, ab)
 
 
 #: the constants Python's json reads that are not JSON (the writer never emits them)

@@ -109,6 +109,7 @@ class Round:
             "duration_s": round(self.duration_s, 3),
             "cells": self.cells,
             "missing": self.missing,
+            "se": self.se,
         }
 
 

@@ -108,7 +108,7 @@ class CellStore:
     def results(self) -> Results:
         from ..results import Results
 
-        return Results(self.run_info(), tuple(self.cells.values()))
+        return Results(self.run_info(), tuple(self.cells.values()), self.ab)
 
     def write(self) -> None:
         """Rewrite the results file and the registered outputs asked for."""
@@ -116,10 +116,7 @@ class CellStore:
             return
         results = self.results()
         if self.settings.results:
-            if self.ab is None:
-                results.dump(self.settings.results)
-            else:
-                _dump(results.to_document() | {"ab": self.ab}, self.settings.results)
+            results.dump(self.settings.results)
         if self.settings.outputs:
             comparison = self.comparison(results)
             for output, path in self.settings.outputs:
@@ -132,27 +129,6 @@ class CellStore:
         from ..report.compare import compare
 
         return compare(self.earlier, results or self.results())
-
-
-def _dump(doc: dict[str, Any], path: str) -> None:
-    """Write a results document atomically (a reader never sees half a file)."""
-    import json
-    import os
-    import tempfile
-    from pathlib import Path
-
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".llmspeed-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(doc, indent=1) + "\n")
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _known_out(text: str | None) -> str | None:

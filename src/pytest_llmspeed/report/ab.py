@@ -69,7 +69,7 @@ def rows(doc: Mapping[str, Any]) -> list[list[str]]:
     return out
 
 
-_HEAD = ["Cell", "Verdict", "Starts", "Figure", "Old", "New", "Change", "95 % interval"]
+HEAD = ["Cell", "Verdict", "Starts", "Figure", "Old", "New", "Change", "95 % interval"]
 
 
 def lines(doc: Mapping[str, Any]) -> list[str]:
@@ -89,7 +89,7 @@ def lines(doc: Mapping[str, Any]) -> list[str]:
         out.append(f"{arm}: {what}")
         if a.get("server"):
             out.append(f"     {a['server']}")
-    out.extend(tabulate(rows(doc), headers=_HEAD, disable_numparse=True).splitlines())
+    out.extend(tabulate(rows(doc), headers=HEAD, disable_numparse=True).splitlines())
     out.append(
         "Change: the paired change of new against old over the blocks (its 95 % interval); "
         "old and new: each arm's geometric mean."
@@ -111,7 +111,7 @@ def lines(doc: Mapping[str, Any]) -> list[str]:
 
 def markdown(doc: Mapping[str, Any]) -> str:
     """The A/B for the job summary: the table and the counts, every cell string escaped."""
-    head = "| " + " | ".join(_HEAD) + " |\n| " + " | ".join("---" for _ in _HEAD) + " |\n"
+    head = "| " + " | ".join(HEAD) + " |\n| " + " | ".join("---" for _ in HEAD) + " |\n"
     body = "".join(
         "| " + " | ".join(c.replace("|", "\\|") for c in row) + " |\n" for row in rows(doc)
     )
@@ -122,4 +122,4 @@ def markdown(doc: Mapping[str, Any]) -> str:
     )
 
 
-__all__ = ["arm_means", "counts_line", "lines", "markdown", "rows"]
+__all__ = ["HEAD", "arm_means", "counts_line", "lines", "markdown", "rows"]

@@ -10,6 +10,7 @@ escaping is not left to each call site. Styles are inline, charts are inline SVG
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -368,7 +369,7 @@ def _details_header() -> list[str]:
 
 
 def _details(cells: list[CellRecord]) -> list[list[str]]:
-    """"All measurements": every column of report/columns.py, then the cell's notes."""
+    """ "All measurements": every column of report/columns.py, then the cell's notes."""
     from .columns import row
 
     rows = []
@@ -433,6 +434,42 @@ def _comparison(cmp: Comparison) -> dict[str, Any]:
     }
 
 
+def _ab(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The A/B's section: what was compared, old against new for every cell and figure, the
+    counts, why cells changed (report/ab.py's rows, as the terminal shows them)."""
+    from .ab import HEAD, counts_line, rows
+
+    cls = {"regressed": "delta-bad", "improved": "delta-good", "unknown": "warn"}
+    shown = []
+    verdict = ""
+    for r in rows(doc):
+        verdict = r[1] or verdict  # a cell's later figures: its verdict's colour too
+        shown.append({"cells": r, "cls": cls.get(verdict, "")})
+    arms = []
+    for arm in ("old", "new"):
+        a = doc.get("arms", {}).get(arm, {})
+        what = for_person(a.get("command") or a.get("endpoint") or "?", 400)
+        server = for_person(a.get("server") or "", 400)
+        arms.append(f"{arm}: {what}" + (f" · {server}" if server else ""))
+    rounds, tolerance = len(doc.get("rounds", ())), doc.get("tolerance", 0.05)
+    summary = f"{rounds} rounds on fresh starts in ABBA order · tolerance ±{tolerance:.0%}" + (
+        f" · stopped: {doc['stopped']}" if doc.get("stopped") else ""
+    )
+    why = [
+        {"cls": cls.get(v["verdict"], ""), "text": for_person(v["explanation"], 400)}
+        for v in doc.get("cells", {}).values()
+        if v.get("explanation") and v.get("verdict") in ("regressed", "improved")
+    ]
+    return {
+        "summary": summary,
+        "arms": arms,
+        "header": HEAD,
+        "rows": shown,
+        "counts": "verdicts: " + counts_line(doc),
+        "why": why,
+    }
+
+
 def render_page(results: Results, comparison: Comparison | None = None) -> Page:
     """The page of one run (and its comparison with an earlier one)."""
     from ..results import SCHEMA
@@ -456,6 +493,7 @@ def render_page(results: Results, comparison: Comparison | None = None) -> Page:
         blocks=_blocks(results),
         launch_command=run.launch_command,
         comparison=_comparison(comparison) if comparison else None,
+        ab=_ab(results.ab) if results.ab else None,
         gate=_gate(cells),
         prefill_hint=PREFILL_HINT,
         prefill_rows=_prefill_rows(prefill),

@@ -130,7 +130,7 @@ def decode_matrix(cells: list[CellRecord], width: int) -> list[str]:
 
 
 def details_table(cells: list[CellRecord]) -> str:
-    """"All measurements": the page's table (report/columns.py) without its widest columns."""
+    """ "All measurements": the page's table (report/columns.py) without its widest columns."""
     from .columns import headers, row
 
     rows = [row(c, page=False) for c in cells]
