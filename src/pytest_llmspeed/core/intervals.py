@@ -21,6 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..quantiles import normal_quantile
+from ..quantiles import t_quantile as t_quantile  # the one implementation, re-exported
+
 LEVEL = 0.95
 #: batches the throughput interval starts from, and the fewest it merges down to
 START_BATCHES = 32
@@ -37,41 +40,8 @@ DRIFT_MIN_CHANGE = 0.01
 LITTLE_TOLERANCE = 0.05
 
 
-def _z(p: float) -> float:
-    """The standard normal quantile (Acklam's rational approximation, |error| < 1.2e-9)."""
-    if not 0 < p < 1:
-        raise ValueError("p must be in (0, 1)")
-    a = (-39.69683028665376, 220.9460984245205, -275.9285104469687, 138.3577518672690,
-         -30.66479806614716, 2.506628277459239)  # fmt: skip
-    b = (-54.47609879822406, 161.5858368580409, -155.6989798598866, 66.80131188771972,
-         -13.28068155288572)  # fmt: skip
-    c = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838, -2.549732539343734,
-         4.374664141464968, 2.938163982698783)  # fmt: skip
-    d = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996, 3.754408661907416)
-    lo = 0.02425
-    if p < lo:
-        q = math.sqrt(-2 * math.log(p))
-        num = ((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]
-        return num / ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1)
-    if p > 1 - lo:
-        return -_z(1 - p)
-    q = p - 0.5
-    r = q * q
-    num = (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q
-    return num / (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
-
-
-def t_quantile(p: float, df: float) -> float:
-    """Student's t quantile by the Cornish-Fisher expansion in 1/df (Abramowitz & Stegun
-    26.7.5): within 0.2 % of the exact value for df ≥ 5 at p = 0.975, exact as df → ∞."""
-    if df <= 0:
-        raise ValueError("df must be positive")
-    z = _z(p)
-    g1 = (z**3 + z) / 4
-    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
-    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
-    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160
-    return z + g1 / df + g2 / df**2 + g3 / df**3 + g4 / df**4
+#: the normal and Student's t quantiles, implemented once for the intervals and the gate
+_z = normal_quantile
 
 
 @dataclass(frozen=True)

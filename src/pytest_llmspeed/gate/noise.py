@@ -13,11 +13,11 @@ No numpy, no pytest: the gate and the results model read these numbers.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ..quantiles import t_quantile
 from ..results import Z95, Z99, Pair, relative_se
 
 #: the one-sided level of the gate's test (Z99 its normal quantile)
@@ -41,54 +41,6 @@ __all__ = [
 #: a figure's relative standard error from its 95 % interval (0 without one): the results
 #: model's one reading of an interval as noise
 within_se = relative_se
-
-
-def _t_cdf(t: float, df: int) -> float:
-    """P(T ≤ t) for Student's t with an integer ``df`` (Abramowitz & Stegun 26.7.3-4: a finite
-    series in cos θ, θ = atan(t / √df); exact up to rounding)."""
-    theta = math.atan(t / math.sqrt(df))
-    s, c2 = math.sin(theta), math.cos(theta) ** 2
-    if df % 2 == 1:
-        term, total = math.cos(theta), 0.0
-        if df > 1:
-            total = term
-            for j in range(3, df - 1, 2):
-                term *= c2 * (j - 1) / j
-                total += term
-        a = 2 / math.pi * (theta + s * total)
-    else:
-        term = total = 1.0
-        for j in range(2, df - 1, 2):
-            term *= c2 * (j - 1) / j
-            total += term
-        a = s * total
-    return 0.5 + a / 2
-
-
-@functools.lru_cache(maxsize=256)
-def t_quantile(p: float, df: int | None) -> float:
-    """Student's t quantile for an integer ``df`` by bisection of the exact CDF; the normal
-    quantile for ``df`` None (a known variance). Only p > 0.5 is asked for."""
-    if not 0.5 < p < 1:
-        raise ValueError("p must be in (0.5, 1)")
-    if df is not None and df < 1:
-        raise ValueError("df must be at least 1")
-
-    def cdf(x: float) -> float:
-        if df is None:
-            return 0.5 * (1 + math.erf(x / math.sqrt(2)))
-        return _t_cdf(x, df)
-
-    lo, hi = 0.0, 1.0
-    while cdf(hi) < p:
-        hi *= 2
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        if cdf(mid) < p:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
 
 
 @dataclass(frozen=True)
