@@ -127,6 +127,14 @@ async def test_a_stream_that_ends_without_its_end_is_a_failed_request(raw, ctype
 
 
 @pytest.mark.asyncio
+async def test_a_stream_of_done_alone_is_a_failed_request(raw):
+    server, url = raw
+    server.respond = streaming([DONE])
+    rec, _ = await one_stream(url)
+    assert rec.error is not None and "with no output token and no finish_reason" in rec.error
+
+
+@pytest.mark.asyncio
 async def test_a_finish_reason_without_done_still_ends_a_stream(raw):
     """transformers serve ends so: not a failed request."""
     server, url = raw
@@ -155,3 +163,18 @@ async def test_a_body_that_breaks_http_is_one_error_not_a_crash(raw):
             await conn.get("/v1/models")
     finally:
         await conn.close()
+
+
+def test_output_after_a_finish_reason_breaks_the_stream():
+    """The finish, then more tokens (the fast path is counting before it): refused; a usage
+    chunk without choices and [DONE] after the finish are the stream's end, as ever."""
+    usage_only = chunk(4).replace(
+        b'"choices":[{"index":0,"text":"x","finish_reason":null}]', b'"choices":[]'
+    )
+    t = tally_of(*GOOD, FINISH, usage_only, DONE)
+    assert t.broken is None and t.completion_tokens == 4 and t.done
+    for tail in ([chunk(5)], [usage_only, chunk(5)]):
+        with pytest.raises(MalformedAnswer, match="after its finish_reason"):
+            t = StreamTally()
+            for i, r in enumerate([*GOOD, FINISH, *tail]):
+                t.feed(float(i), r)

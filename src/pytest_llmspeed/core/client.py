@@ -513,14 +513,15 @@ async def stream_request(
                 if not rec.cancelled:
                     tally.close()
                     if (
-                        not tally.done
-                        and tally.finish_reason is None
+                        tally.finish_reason is None
+                        and (not tally.done or not tally.seen_token)
                         and tally.broken is None
                         and tally.error is None
                     ):
-                        # the server closed the stream before its end: a failed request, not
-                        # one that ended early (an HTML page answered with 200 ends so too)
-                        rec.error = f"{path}: {_cut_short(ctype)}"
+                        # the server closed the stream before its end, or ended it with no
+                        # token and no finish: a failed request, not one that ended early (an
+                        # HTML page answered with 200 ends so too)
+                        rec.error = f"{path}: {_cut_short(ctype, tally.done)}"
     except asyncio.CancelledError:
         rec.cancelled = True
         rec.t_end = clock()
@@ -575,8 +576,10 @@ def _connection_gone(resp: aiohttp.ClientResponse) -> bool:
     return conn is not None and conn.transport is None
 
 
-def _cut_short(ctype: str) -> str:
+def _cut_short(ctype: str, done: bool = False) -> str:
     """Why a stream that ended without its end is a failed request, in words."""
+    if done:
+        return "the stream ended (data: [DONE]) with no output token and no finish_reason"
     what = "the stream ended without a finish_reason or data: [DONE]"
     if "event-stream" in ctype:
         return f"{what} (cut short)"

@@ -292,6 +292,8 @@ class StreamTally:
         reason or an error is followed by at most a usage-only chunk and ``[DONE]``. A chunk
         without usage among them would not change the count (usage is cumulative): its tokens
         count with the next usage value."""
+        if self.finish_reason is not None:
+            return False  # past the finish only a usage chunk and [DONE] may come: parsed
         usages = data.count(_COMPLETION)
         if not usages:
             return b"data:" not in data  # events without usage: parsed
@@ -395,6 +397,11 @@ class StreamTally:
             output = False
             for c in choices:
                 text, carries = _choice_output(c)
+                if carries and self.finish_reason is not None:
+                    raise MalformedAnswer(
+                        "stream", f"came after its finish_reason {shown(self.finish_reason)}",
+                        "output",
+                    )  # fmt: skip
                 reason = c.get("finish_reason")
                 if reason is not None:
                     if not isinstance(reason, str):

@@ -179,6 +179,13 @@ CASES: dict[str, Case] = {
     ),
     "nul_in_stream": Case("/v1/completions", "a NUL byte inside a data: payload", True),
     "bad_utf8": Case("/v1/completions", "invalid UTF-8 bytes inside a data: payload", True),
+    "after_finish": Case(
+        "/v1/completions", 'finish_reason "length" on the first token, then the others', True
+    ),
+    "done_only": Case("/v1/completions", "data: [DONE] at once: no token, no finish_reason", True),
+    "stop_at_once": Case(
+        "/v1/completions", 'finish_reason "stop" at once, no token (an EOS every time)', True
+    ),
     "finish_esc": Case(
         "/v1/completions", "finish_reason holding ESC sequences and '\\n::error'", True
     ),
@@ -874,6 +881,8 @@ class Stream:
     def event(self, text: str, finish: str | None, usage: bool, role: bool = False) -> bytes:
         if self.bad and self.s.case == "finish_esc" and finish:
             finish = finish + INJECTED
+        if self.bad and self.s.case == "after_finish" and self.sent == 1:
+            finish = "length"
         choice: dict[str, Any] = {"index": 0}
         if self.chat:
             choice["delta"] = {"role": "assistant", "content": ""} if role else {"content": text}
@@ -922,6 +931,15 @@ class Stream:
         await out.w.drain()
         if bad and case == "close_after_headers":
             raise Closed
+        if bad and case == "stop_at_once":
+            await out.chunk(self.event("", "stop", self.continuous))
+            await out.chunk(b"data: [DONE]\n\n")
+            await out.end_stream()
+            return
+        if bad and case == "done_only":
+            await out.chunk(b"data: [DONE]\n\n")
+            await out.end_stream()
+            return
         if bad and case == "bom":
 
             def bom(data: bytes) -> bytes:
