@@ -94,6 +94,7 @@ RUNS |= {
     "header_nul": Spec("header_nul"),
     "metrics_bad_chunk": Spec("metrics_bad_chunk"),
     "metrics_timestamps": Spec("metrics_timestamps"),
+    "metrics_many_series": Spec("metrics_many_series"),
     "version_list": Spec("version_list"),
     "version_bomb": Spec("version_bomb"),
     "mml_string": Spec("mml_string"),
@@ -394,6 +395,8 @@ EXPECT: dict[str, Check] = {
     "header_nul": stops_with("/v1/models", "header"),
     "metrics_bad_chunk": all_of(goes_on, named("/metrics", "http")),
     "metrics_timestamps": all_of(all_valid, no_words("did not parse")),
+    # under the 16 MiB cap, 200,000 series: 358 MB and past the run's bound, parsed
+    "metrics_many_series": all_of(goes_on, named("/metrics", "lines")),
     "version_list": goes_on,
     "version_bomb": goes_on,
     "mml_string": all_of(named("max_model_len", '"32768"'), goes_on, not_skipped),

@@ -144,6 +144,10 @@ def parse_metrics(
     (only ``families``, when given). Text that does not parse raises ValueError."""
     if families is not None:
         text = only_families(text, families)
+    server_figures.check_lines(
+        text,
+        server_figures.MAX_METRICS_LINES if families is None else server_figures.MAX_FAMILY_LINES,
+    )
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     try:
         for family in text_string_to_metric_families(text):
@@ -161,6 +165,15 @@ def parse_problem(text: str, families: frozenset[str] | None = None) -> str:
     number and its start, cut short), else the parser's words."""
     if families is not None:
         text = only_families(text, families)
+    try:
+        server_figures.check_lines(
+            text,
+            server_figures.MAX_METRICS_LINES
+            if families is None
+            else server_figures.MAX_FAMILY_LINES,
+        )
+    except server_figures.MetricsTooLarge as exc:
+        return str(exc)  # not each of its lines parsed alone
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.startswith("#"):
             continue

@@ -250,6 +250,9 @@ CASES: dict[str, Case] = {
     "mml_2_63": Case("/v1/models", "max_model_len 2^63"),
     "mml_digits": Case("/v1/models", "max_model_len a whole number of 5,000 digits"),
     "blocks_zero": Case("/metrics", "no kv_cache_size_tokens, num_gpu_blocks 0"),
+    "metrics_many_series": Case(
+        "/metrics", "vllm:num_requests_running with 200,000 series (13 MB, under the cap)"
+    ),
     "metrics_timestamps": Case("/metrics", "every sample with a timestamp (valid Prometheus)"),
     "kv_string_zero": Case("/metrics", 'kv_cache_size_tokens="0"'),
     "gen_counter_nan": Case("/metrics", "vllm:generation_tokens_total NaN"),
@@ -690,6 +693,17 @@ class Hostile:
                 line + stamp if line and not line.startswith(b"#") else line
                 for line in text.split(b"\n")
             )
+        if case == "metrics_many_series":
+            lines = b"".join(
+                b'vllm:num_requests_running{engine="%d",model_name="hostile"} 0.0\n' % i
+                for i in range(1, 200_000)
+            )
+            at = (
+                text.index(b"vllm:num_requests_waiting")
+                if False
+                else text.index(b"# HELP vllm:num_requests_waiting")
+            )
+            text = text[:at] + lines + text[at:]
         if case == "metrics_huge":
             line = b'hostile_padding_total{i="0000000000"} 1\n'
             block = line * ((1 << 20) // len(line))
