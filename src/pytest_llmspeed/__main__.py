@@ -15,9 +15,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .report.outputs import OUTPUTS, by_suffix
 from .results import ResultsError, load
+
+if TYPE_CHECKING:
+    from .report.compare import Comparison
+    from .results import Results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,16 +98,26 @@ def _run(args: argparse.Namespace) -> int:
     result = compare(old, new, args.tolerance)
     for line in lines(result, args.old)[1:]:
         print(line)
+    _written(args, lambda: markdown(result, args.old, args.new), new, result)
+    return result.exit_status(unknown_fails=args.unknown == "fail")
+
+
+def _written(
+    args: argparse.Namespace,
+    text: Callable[[], str],
+    results: Results,
+    comparison: Comparison | None,
+) -> None:
+    """``--markdown`` (``text``) and each registered output asked for, each said in a line."""
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as fh:
-            fh.write(markdown(result, args.old, args.new))
+            fh.write(text())
         print(f"markdown: {args.markdown}")
     for output in OUTPUTS:
         path = getattr(args, output.dest)
         if path:
-            output.write(new, result, path)
+            output.write(results, comparison, path)
             print(f"{output.label}: {path}")
-    return result.exit_status(unknown_fails=args.unknown == "fail")
 
 
 def _ab(args: argparse.Namespace) -> int:
@@ -115,17 +131,10 @@ def _ab(args: argparse.Namespace) -> int:
             f"{args.old}: not an A/B's results file (no 'ab' key): give two results files, "
             "the earlier run's and the later one's, or a file written with --llm-serve-baseline"
         )
-    for line in lines(results.ab):
+    ab = results.ab
+    for line in lines(ab):
         print(line)
-    if args.markdown:
-        with open(args.markdown, "w", encoding="utf-8") as fh:
-            fh.write(markdown(results.ab))
-        print(f"markdown: {args.markdown}")
-    for output in OUTPUTS:
-        path = getattr(args, output.dest)
-        if path:
-            output.write(results, None, path)
-            print(f"{output.label}: {path}")
+    _written(args, lambda: markdown(ab), results, None)
     counts = results.ab.get("counts", {})
     if counts.get("regressed"):
         return 1
