@@ -424,12 +424,15 @@ class Check:
                 "within the intervals: too noisy to tell (a longer window, or --llm-precision, "
                 "narrows them)"
             )
-        where = "is past its limit" if self.past_limit else "is inside its limit"
-        but = "but" if self.past_limit else f"not shown within ±{self.tolerance:.0%}:"
-        text = (
-            f"{self.cell} {name} {self.value:,.1f}{self._value_pm()} {where} "
-            f"{self.limit:,.1f} ({delta} against {self._reference_words()}), {but} {noise}"
-        )
+        against = f"({delta} against {self._reference_words()})"
+        if self.past_limit:
+            where = f"is past its limit {self.limit:,.1f} {against}, but"
+        elif self.change > self.tolerance:
+            where = f"is better by more than {self.tolerance:.0%} {against}, not beyond the noise:"
+        else:
+            where = f"is inside its limit {self.limit:,.1f} {against}, not shown within "
+            where += f"±{self.tolerance:.0%}:"
+        text = f"{self.cell} {name} {self.value:,.1f}{self._value_pm()} {where} {noise}"
         if self.stored is None or "more" in self.stored:
             text += f"; {self.more_words()}"
         return text

@@ -250,3 +250,18 @@ def test_the_messages_say_beyond_or_within_the_intervals():
     assert data["noisy"] is True and data["reference_ci"] == [94.0, 106.0]
     assert data["verdict"] == "unknown" and data["more"] == 4
     assert type(noisy).from_v1(ID, data) == noisy
+
+
+def test_an_unknown_says_on_which_side_of_its_limits_it_lies():
+    (past,) = verdict(NOISY, [ci_cell(95.0, 6.0)]).checks
+    (better,) = verdict(NOISY, [ci_cell(103.0, 0.5)]).checks
+    (inside,) = verdict(NOISY, [ci_cell(99.0, 0.5)]).checks
+    assert past.unknown and "is past its limit 98.0 (−5.0% against" in past.unknown_message()
+    assert (
+        better.unknown
+        and "is better by more than 2% (+3.0% against baseline 100.0 ±6.0%), "
+        in (better.unknown_message())
+    )
+    assert "not beyond the noise: within the intervals" in better.unknown_message()
+    assert inside.unknown and "is inside its limit 98.0 (−1.0% against " in inside.unknown_message()
+    assert "not shown within ±2%: within the intervals" in inside.unknown_message()
