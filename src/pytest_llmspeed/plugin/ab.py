@@ -124,7 +124,8 @@ class ABRun:
         r = self.ledger.rounds[-1]
         r.duration_s = time.monotonic() - self._round_started
         for cell, record in self.run.store.cells.items():
-            if cell not in r.cells and cell not in self.verdicts:
+            # a selected cell's record only (not a warm-up's whose test was deselected)
+            if cell not in r.cells and cell not in self.verdicts and cell in self.items:
                 r.missing[cell] = record.reason or record.status.value
             self.latest[r.arm][cell] = record
             if record.status.measured:

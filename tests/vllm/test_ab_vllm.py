@@ -1,0 +1,99 @@
+"""The A/B runner on real vLLM (CPU build), started by the plugin (issue 31's "Done when"):
+the plain command is the old version, the same command with ``--max-num-seqs 2`` the new one
+(at most 2 requests run at once). Decode at c8 regresses, the explanation from both versions'
+server figures names the running requests, and c4 (also capped to 2 running) is never called
+same. The API key is never in any output.
+
+It takes about 11 minutes on 2 shared cores and cannot take much less: 8 starts are the
+fewest an A/B runs (two ABBA blocks), and a start of vLLM to healthy takes 45–100 s here.
+Measured here (load 5 from other work): decode[1K-c8] total tok/s −54.6 % (95 % −71.6 % …
+−27.3 %), regressed, "running 7.20 → 2.00 (−72.2%), steps/s 143 → 270 (+89.2%); requests
+waiting 0.0 → 6.0 ...; at most 2 of 8 requests running (was 8)"; decode[1K-c4] unknown
+(−4.0 %, −39.6 % … +52.4 %): the old version's c4 moved 280–895 tok/s between starts. The
+per-request figure rises under the cap (fewer requests share each step), so a cell regresses
+on its total tok/s."""
+
+import json
+import re
+import shlex
+import time
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from engines.home import Layout, vllm_home
+from engines.servers import KV_CACHE_MEMORY_BYTES, MAX_MODEL_LEN, NOT_SET_UP, SERVED_MODEL
+from tests.processes import gone
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+# found at import: pytester points HOME at a temporary folder before the test body runs
+VLLM = Layout(vllm_home())
+OFFLINE = "HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1"
+KEY = "sk-vllm-ab-secret"
+
+
+def serve(extra: str = "") -> str:
+    """vLLM's own command line, as the tests' servers run it, with a key."""
+    return (
+        f"env -u PYTHONPATH {OFFLINE} {shlex.quote(str(VLLM.python))} "
+        f"-m vllm.entrypoints.openai.api_server --model {shlex.quote(str(VLLM.model))} "
+        f"--served-model-name {SERVED_MODEL} --host 127.0.0.1 --port {{port}} "
+        f"--max-model-len {MAX_MODEL_LEN} --kv-cache-memory-bytes {KV_CACHE_MEMORY_BYTES} "
+        f"--disable-uvicorn-access-log --api-key {KEY} {extra}"
+    ).strip()
+
+
+def test_a_cap_on_running_requests_regresses_c8_with_why(results_doc, pytester):
+    if not VLLM.installed():
+        pytest.fail(NOT_SET_UP)
+    began = time.monotonic()
+    result = pytester.runpytest(
+        f"--llm-serve={serve('--max-num-seqs 2')}",
+        f"--llm-serve-baseline={serve()}",
+        "--llm-serve-timeout=300",
+        f"--llm-api-key={KEY}",
+        "--llm-contexts=1K",
+        "--llm-concurrency=4,8",
+        "--llm-duration=4",
+        "--llm-max-output=128",
+        "--llm-ab-rounds=8",
+        "--llm-results=out.json",
+        "--junitxml=j.xml",
+        "-p",
+        "no:randomly",
+    )
+    took = time.monotonic() - began
+    out = result.stdout.str()
+    assert result.ret == 1, out  # a regression fails the run
+    doc = results_doc("out.json")["ab"]
+    print(f"A/B took {took:.0f} s", json.dumps(doc["cells"]))  # shown when it fails
+    assert doc["order"] == ["old", "new", "new", "old"] * 2, doc["order"]
+    for r in doc["rounds"]:
+        assert not r["missing"], r  # every start served every cell
+    c8, c4 = doc["cells"]["decode[1K-c8]"], doc["cells"]["decode[1K-c4]"]
+    assert c8["verdict"] == "regressed", c8
+    assert c8["starts"] == 8 and c8["blocks"] == 2, c8
+    change = c8["figures"]["total_tok_s"]
+    assert change["interval"][1] < -0.05, change
+    # why, from both versions' server figures: 2 requests running where 8 were
+    why = c8["explanation"]
+    running = re.search(r"running ([\d.]+) → ([\d.]+)", why or "")
+    assert running, why
+    assert float(running[1]) > 3 and float(running[2]) <= 2.05, why
+    assert c4["verdict"] != "same", c4
+    result.stdout.fnmatch_lines(
+        ["FAILED *test_decode[[]1K-c8[]] - decode[[]1K-c8[]] A/B regressed*"]
+    )
+    verdicts = {
+        p.get("value")
+        for p in ET.parse(pytester.path / "j.xml").iter("property")
+        if p.get("name") == "ab_verdict"
+    }
+    assert "regressed" in verdicts, verdicts
+    # the key: in no output, no command the results file shows
+    assert doc["arms"]["old"]["command"] and "--api-key <redacted>" in doc["arms"]["new"]["command"]
+    for name in ("out.json", "j.xml", "llmspeed-serve.log"):
+        assert KEY not in (pytester.path / name).read_text(), name
+    assert KEY not in out and KEY not in result.stderr.str()
+    assert gone(KEY, within=30.0)  # the plugin stopped each start's whole group
