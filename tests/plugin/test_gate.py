@@ -85,7 +85,8 @@ def test_slower_server_fails_exactly_the_affected_cells(results_doc, pytester, p
     result.stdout.fnmatch_lines(
         [
             "*decode[[]1K-c1[]] total tok/s * < floor * (baseline * − 5%): −*%*",
-            "Baseline *: * regression(s), 0 improvement(s) beyond tolerance",
+            # (", 1 unknown" when the warm-up's prefill, ±20 % on a busy machine, cannot tell)
+            "Baseline *: * regression(s), 0 improvement(s) beyond tolerance*",
             "  REGRESSION  decode[[]1K-c1[]] total tok/s *",
         ]
     )
