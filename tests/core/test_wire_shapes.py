@@ -178,3 +178,15 @@ def test_output_after_a_finish_reason_breaks_the_stream():
             t = StreamTally()
             for i, r in enumerate([*GOOD, FINISH, *tail]):
                 t.feed(float(i), r)
+
+
+def test_an_event_cut_by_the_window_is_not_a_broken_stream():
+    """The client stops reading with half an event in its last read: dropped, not refused
+    (a server that closes with one unfinished is refused, as ever)."""
+    half = chunk(4)[:40]
+    cut = tally_of(*GOOD)
+    cut.feed(9.0, half)
+    cut.close(cut=True)
+    assert cut.broken is None and cut.completion_tokens == 3
+    ended = tally_of(*GOOD, half)
+    assert isinstance(ended.broken, MalformedAnswer)

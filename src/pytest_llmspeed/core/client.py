@@ -403,7 +403,7 @@ def account_tokens(rec: StreamRecord, max_tokens: int | None = None) -> StreamRe
     if rec.reads and not parsed.fed:  # made from recorded reads
         parsed = rec.tally = parse_stream(rec.reads)
     else:
-        parsed.close()
+        parsed.close(cut=rec.cancelled)
     if parsed.error is not None:
         rec.error = rec.error or f"error event: {parsed.error}"
     if parsed.broken is not None and not rec.error:  # a stream cut at the window's end too
@@ -550,7 +550,7 @@ async def stream_request(
         if watch is not None:
             watch.cancel()
     rec.t_end = clock()
-    tally.close()  # its text goes, where its total is exact
+    tally.close(cut=rec.cancelled)  # its text goes, where its total is exact
     if tally.broken is not None and not rec.error:
         broken = tally.broken
         rec.error = f"{path}: {broken.field + ' ' if broken.field else ''}{broken.what}"

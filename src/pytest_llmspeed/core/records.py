@@ -95,7 +95,10 @@ def decode_record(
         per_second_tok=tuple(s.per_second_tok),
         received_tokens=result.received_tokens,
         received_chunks=result.received_chunks,
-        generation_tokens_delta=result.generation_tokens_delta,
+        # a counter that fell is no figure (the cell's reason says it fell)
+        generation_tokens_delta=result.generation_tokens_delta
+        if result.generation_tokens_delta is None or result.generation_tokens_delta >= 0
+        else None,
         received_span=tuple(result.received_span) if result.received_span else None,  # type: ignore[arg-type]
         max_output=result.max_output,
         duration_s=result.duration_s,

@@ -259,10 +259,14 @@ class StreamTally:
             return False
         return self._parse(t, data)
 
-    def close(self) -> None:
+    def close(self, cut: bool = False) -> None:
         """The stream ended: an event its last read left without a line end is counted (at
         the time of the last token-carrying read), and the text goes once the total is exact
-        (a final usage, or a finish at max_tokens)."""
+        (a final usage, or a finish at max_tokens). ``cut``: the client stopped reading (the
+        window's end): an event its last read left unfinished was cut by the client, not
+        sent broken, and is dropped."""
+        if cut:
+            self.carry = b""
         if self.carry.strip():
             last = self.usage_times[-1] if self.usage_times else 0.0
             last = max(last, self.text_times[-1] if self.text_times else 0.0)

@@ -386,9 +386,14 @@ class Writer:
         self.w.write(("\r\n".join(lines) + "\r\n\r\n").encode("utf-8"))
 
     async def whole(
-        self, status: int, body: bytes, ctype: str = "application/json", head_only: bool = False
+        self,
+        status: int,
+        body: bytes,
+        ctype: str = "application/json",
+        head_only: bool = False,
+        headers: tuple[tuple[str, str], ...] = (),
     ) -> None:
-        self.head(status, [("Content-Type", ctype), ("Content-Length", str(len(body)))])
+        self.head(status, [("Content-Type", ctype), ("Content-Length", str(len(body))), *headers])
         if not head_only:
             self.w.write(body)
         await self.w.drain()
@@ -622,17 +627,7 @@ class Hostile:
         if case == "models_bad_chunk":
             await bad_chunk(out, "application/json", body)
         elif case == "models_gzip_bomb":
-            blob = gzip_blob(*MODELS_BOMB)
-            out.head(
-                200,
-                [
-                    ("Content-Type", "application/json"),
-                    ("Content-Encoding", "gzip"),
-                    ("Content-Length", str(len(blob))),
-                ],
-            )
-            out.w.write(blob)
-            await out.w.drain()
+            await out.whole(200, gzip_blob(*MODELS_BOMB), headers=(("Content-Encoding", "gzip"),))
         elif case in ("models_length_short", "models_length_long"):
             n = len(body) - 10 if case == "models_length_short" else len(body) + 10
             out.head(200, [("Content-Type", "application/json"), ("Content-Length", str(n))])
@@ -803,16 +798,7 @@ class Hostile:
                 return
             if bad and self.case == "retry_after":
                 busy = _error("Too many requests: come back tomorrow", 429)
-                out.head(
-                    429,
-                    [
-                        ("Content-Type", "application/json"),
-                        ("Retry-After", "86400"),
-                        ("Content-Length", str(len(busy))),
-                    ],
-                )
-                out.w.write(busy)
-                await out.w.drain()
+                await out.whole(429, busy, headers=(("Retry-After", "86400"),))
                 return
             if body.get("stream"):
                 await stream.run()
