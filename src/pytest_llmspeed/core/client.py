@@ -512,16 +512,17 @@ async def stream_request(
                     raise
                 if not rec.cancelled:
                     tally.close()
-                    if (
-                        tally.finish_reason is None
-                        and (not tally.done or not tally.seen_token)
-                        and tally.broken is None
-                        and tally.error is None
-                    ):
+                    if tally.finish_reason is None and tally.broken is None:
                         # the server closed the stream before its end, or ended it with no
                         # token and no finish: a failed request, not one that ended early (an
-                        # HTML page answered with 200 ends so too)
-                        rec.error = f"{path}: {_cut_short(ctype, tally.done)}"
+                        # HTML page answered with 200 ends so too); an error event that ended
+                        # it so is its reason. One followed by [DONE] is the request's error
+                        # once counted (account_tokens): the request was accepted
+                        if tally.error is not None:
+                            if not tally.done:
+                                rec.error = f"{path}: error event: {tally.error}"
+                        elif not tally.done or not tally.seen_token:
+                            rec.error = f"{path}: {_cut_short(ctype, tally.done)}"
     except asyncio.CancelledError:
         rec.cancelled = True
         rec.t_end = clock()
@@ -556,7 +557,6 @@ async def stream_request(
         rec.error = f"{path}: {broken.field + ' ' if broken.field else ''}{broken.what}"
     if tally.error is not None:  # an error event: redacted before it is cut, made printable
         tally.error = for_person(tally.error, 300, conn.api_key)
-        rec.error = rec.error or f"{path}: error event: {tally.error}"
     if rec.error:
         rec.error = for_person(rec.error, 300, conn.api_key)
     return rec
