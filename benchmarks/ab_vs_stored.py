@@ -509,7 +509,7 @@ def page(meta: dict[str, Any], records: list[RunRecord]) -> list[str]:
         f"`--llm-tolerance={a['tolerance']:g}` for the A/B). A *check* is one figure of one "
         "cell.",
         "- **(a) the stored baseline**: per trial `pytest --llm-serve=OLD --llm-runs=3 "
-        "--llm-save-baseline=b.toml`, then after a gap of "
+        "--llm-save-baseline=b.toml`, then after a gap of at least "
         f"{a['gap']:g} s ({a['gap'] / a['drift_period']:g} drift periods: the drift's level "
         "a fresh draw) `pytest --llm-serve=NEW --llm-baseline=b.toml --llm-results=r.json`, "
         "today's confirmation (`--llm-confirm=1`, on a fresh start), once for each new "
