@@ -4,6 +4,8 @@ over a kind's cells, a cell's verdict from its figures', which cells stop."""
 import math
 import random
 
+import pytest
+
 from pytest_llmspeed.gate.ab import BLOCK, Ledger, Round, arm_of, cell_verdict
 from pytest_llmspeed.gate.judge import Verdict
 
@@ -181,3 +183,18 @@ def test_ten_percent_slower_is_regressed_in_two_blocks():
     for seed in range(200):
         caught += _with_noise(0.9, seed).judge("decode[1K-c4]").verdict is Verdict.REGRESSED
     assert caught / 200 > 0.9
+
+
+def test_a_stalled_round_is_left_out_with_its_block():
+    """A window the machine stalled (86 tok/s where its version's median is 3,000) decides
+    nothing: its block is left out and the cell says so; a start 40 % slow is kept."""
+    ledger = _ledger(1.0, blocks=3, noise=0.01)
+    ledger.rounds[5].cells["decode[1K-c4]"]["total_tok_s"] /= 35
+    assert ledger.stalled("decode[1K-c4]", "total_tok_s") == [(5, pytest.approx(35, rel=0.1))]
+    assert len(ledger.blocks("decode[1K-c4]", "total_tok_s")) == 2
+    got = ledger.judge("decode[1K-c4]")
+    assert got.verdict is not Verdict.REGRESSED
+    assert got.left_out and "round 6 (new)" in got.left_out[0]
+    slow = _ledger(1.0, blocks=3, noise=0.01)
+    slow.rounds[5].cells["decode[1K-c4]"]["total_tok_s"] *= 0.6
+    assert slow.stalled("decode[1K-c4]", "total_tok_s") == []

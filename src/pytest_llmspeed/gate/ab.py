@@ -42,6 +42,9 @@ FIGURES: Mapping[str, tuple[tuple[str, bool], ...]] = {
     "decode": (("total_tok_s", True), ("per_request_tok_s", True)),
     "prefill": (("prompt_tok_s", True),),
 }
+#: a round whose figure is this many times off its version's median is a stalled window, left
+#: out with its block (a start 40–50 % slow, as real vLLM's have been, is a factor of 2)
+STALL_FACTOR = 3.0
 #: a cell's verdict from its figures': the first of these that any figure has
 _PRECEDENCE = (Verdict.REGRESSED, Verdict.UNKNOWN, Verdict.IMPROVED, Verdict.SAME)
 
@@ -127,6 +130,8 @@ class CellVerdict:
     #: why a cell has no verdict from its figures (too few complete blocks)
     missing: str | None = None
     explanation: str | None = None
+    #: the rounds left out as stalled windows, in words (``round 6 (new): total tok/s ×1/35``)
+    left_out: tuple[str, ...] = ()
 
     def words(self) -> str:
         """``regressed: total tok/s −10.2 % (95 % interval −12.0 % … −8.4 %), ...``"""
@@ -168,6 +173,7 @@ class CellVerdict:
             "starts": self.starts,
             "more_blocks": self.more_blocks,
             "missing": self.missing,
+            "left_out": list(self.left_out),
             "figures": figures,
             "explanation": self.explanation,
         }
@@ -195,10 +201,14 @@ class Ledger:
         return [b.d for b in self.blocks(cell, figure)]
 
     def blocks(self, cell: str, figure: str) -> list[Block]:
-        """The complete blocks of one figure of one cell, in order."""
+        """The complete blocks of one figure of one cell, in order (a block holding a stalled
+        round of the figure, :meth:`stalled`, is left out: not complete)."""
         out: list[Block] = []
+        stalled = {r for r, _ in self.stalled(cell, figure)}
         for start in range(0, len(self.rounds) - len(BLOCK) + 1, len(BLOCK)):
             rounds = self.rounds[start : start + len(BLOCK)]
+            if any(r.index in stalled for r in rounds):
+                continue
             values = [r.cells.get(cell, {}).get(figure) for r in rounds]
             if any(v is None or not v > 0 or not math.isfinite(v) for v in values):
                 continue
@@ -207,6 +217,33 @@ class Ledger:
             known = [w for w in ses if w is not None and math.isfinite(w)]
             out.append(Block.of(logs, known if len(known) == len(BLOCK) else None))
         return out
+
+    def stalled(self, cell: str, figure: str) -> list[tuple[int, float]]:
+        """The rounds whose figure is off its version's median (over the rounds of that version
+        that measured it, three or more) by a factor of :data:`STALL_FACTOR` or more, each with
+        that factor: a window the machine stalled (another process took the cores: 86 tok/s
+        where the version's median was 3,000), not the version's speed, which no start or
+        drift moves that far. Pooled with the rest, one such round would widen every cell's
+        interval and decide its own cell's verdict either way."""
+        out: list[tuple[int, float]] = []
+        for arm in ("old", "new"):
+            got = [
+                (r.index, v)
+                for r in self.rounds
+                if r.arm == arm
+                for v in [r.cells.get(cell, {}).get(figure)]
+                if v is not None and v > 0 and math.isfinite(v)
+            ]
+            if len(got) < 3:
+                continue
+            values = sorted(v for _, v in got)
+            mid = len(values) // 2
+            median = values[mid] if len(values) % 2 else math.sqrt(values[mid - 1] * values[mid])
+            for index, v in got:
+                factor = max(v / median, median / v)
+                if factor >= STALL_FACTOR:
+                    out.append((index, factor))
+        return sorted(out)
 
     def _spread(self, cells: Iterable[str]) -> tuple[float, float, int, bool]:
         """Over every figure of ``cells`` with a complete block: the sum of squares
@@ -297,12 +334,17 @@ class Ledger:
         if not figures:
             why = self._why_missing(cell)
             return CellVerdict(cell, Verdict.UNKNOWN, {}, 0, starts, None, why)
+        left_out = tuple(
+            f"round {i + 1} ({self.rounds[i].arm}): {figure} off its version's median ×{f:.1f}"
+            for figure, _ in FIGURES.get(kind, ())
+            for i, f in self.stalled(cell, figure)
+        )
         verdict = cell_verdict(j.verdict for j in figures.values())
         more = None
         if verdict is Verdict.UNKNOWN:
             needed = [j.more for j in figures.values() if j.verdict is Verdict.UNKNOWN]
             more = None if any(m is None for m in needed) else max(m for m in needed if m)
-        return CellVerdict(cell, verdict, figures, blocks, starts, more)
+        return CellVerdict(cell, verdict, figures, blocks, starts, more, left_out=left_out)
 
     def _why_missing(self, cell: str) -> str:
         reasons = [r.missing[cell] for r in self.rounds if cell in r.missing]
@@ -358,6 +400,7 @@ __all__ = [
     "BLOCK",
     "FIGURES",
     "MIN_BLOCKS",
+    "STALL_FACTOR",
     "Block",
     "CellVerdict",
     "Ledger",

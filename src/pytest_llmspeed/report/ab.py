@@ -104,6 +104,8 @@ def lines(doc: Mapping[str, Any]) -> list[str]:
                 else "too close to the tolerance for more starts to decide"
             )
             out.append(f"unknown: {cell}: {why}")
+        for words in v.get("left_out") or ():
+            out.append(f"left out of {cell}: {words} (a stalled window, with its block)")
         if v.get("explanation") and v["verdict"] in ("regressed", "improved"):
             out.append(f"why {cell}: {v['explanation']}")
     return out
