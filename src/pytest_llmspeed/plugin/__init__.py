@@ -88,12 +88,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         return _ab_loop(session, run)
     if run is None or run.settings.runs < 2 or not run.server.started:
         return None
-    if session.testsfailed and not session.config.option.continue_on_collection_errors:
-        raise session.Interrupted(
-            f"{session.testsfailed} error{'s' if session.testsfailed != 1 else ''} "
-            "during collection"
-        )
-    if session.config.option.collectonly:
+    if not _collected(session):
         return True
     items = session.items
     for number in range(1, run.settings.runs + 1):
@@ -101,16 +96,32 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
             problem = _next_run(run, number)
             if problem:
                 raise session.Interrupted(problem)
-            for item in items:
-                item.user_properties.clear()  # the properties of the last run's cells
-        for i, item in enumerate(items):
-            nextitem = items[i + 1] if i + 1 < len(items) else None
-            item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
-            if session.shouldfail:
-                raise session.Failed(session.shouldfail)
-            if session.shouldstop:
-                raise session.Interrupted(session.shouldstop)
+        _run_items(session, items)
     return True
+
+
+def _collected(session: pytest.Session) -> bool:
+    """Collection went well and the tests are to run: collection errors stop the session as
+    pytest's own loop stops it; --collect-only runs nothing (False)."""
+    if session.testsfailed and not session.config.option.continue_on_collection_errors:
+        raise session.Interrupted(
+            f"{session.testsfailed} error{'s' if session.testsfailed != 1 else ''} "
+            "during collection"
+        )
+    return not session.config.option.collectonly
+
+
+def _run_items(session: pytest.Session, items: list[pytest.Item]) -> None:
+    """Run ``items`` as pytest's own loop does (once more in a run or a round: each test's
+    properties are the last measurement's)."""
+    for i, item in enumerate(items):
+        item.user_properties.clear()
+        nextitem = items[i + 1] if i + 1 < len(items) else None
+        item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        if session.shouldfail:
+            raise session.Failed(session.shouldfail)
+        if session.shouldstop:
+            raise session.Interrupted(session.shouldstop)
 
 
 def _ab_loop(session: pytest.Session, run: LLMSpeedRun) -> bool:
@@ -118,15 +129,11 @@ def _ab_loop(session: pytest.Session, run: LLMSpeedRun) -> bool:
     in ABBA order, each on a fresh start of its version, a cell's tests only while it is
     undecided (plugin/ab.py)."""
     from ..core.errors import LLMSpeedError
+    from ..gate.ab import arm_of
 
     ab = run.ab
     assert ab is not None
-    if session.testsfailed and not session.config.option.continue_on_collection_errors:
-        raise session.Interrupted(
-            f"{session.testsfailed} error{'s' if session.testsfailed != 1 else ''} "
-            "during collection"
-        )
-    if session.config.option.collectonly:
+    if not _collected(session):
         return True
     ab.set_items(session.items)
     try:
@@ -138,18 +145,10 @@ def _ab_loop(session: pytest.Session, run: LLMSpeedRun) -> bool:
                 raise session.Interrupted(
                     run.server.give_up(
                         f"pytest-llmspeed: the A/B stopped before round {index + 1}: starting "
-                        f"the {ab.label(index).split()[2]} version failed: {exc}"
+                        f"the {arm_of(index)} version failed: {exc}"
                     )
                 ) from None
-            items = [item for item in session.items if ab.runs_item(item, index)]
-            for i, item in enumerate(items):
-                item.user_properties.clear()  # the properties of its last round
-                nextitem = items[i + 1] if i + 1 < len(items) else None
-                item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
-                if session.shouldfail:
-                    raise session.Failed(session.shouldfail)
-                if session.shouldstop:
-                    raise session.Interrupted(session.shouldstop)
+            _run_items(session, [item for item in session.items if ab.runs_item(item, index)])
             ab.end_round()
             index += 1
         ab.conclude()

@@ -341,28 +341,12 @@ class ABRun:
 
 
 def explain(old: CellRecord | None, new: CellRecord | None) -> str:
-    """Why a cell changed from ``old`` to ``new``, in one line, from their server figures; ""
-    when either has none."""
-    from ..gate.explain import Explanation, Side
-    from ..gate.explain import explain as decompose
-    from ..results import Phase
+    """Why a cell changed from ``old`` to ``new``, in one line, from their server figures (as
+    ``compare`` explains it); "" when either has none."""
+    from ..report.compare import decomposition
 
-    if old is None or new is None or old.server is None or new.server is None:
-        return ""
-    if old.phase is Phase.DECODE:
-        kind, fa, fb = "decode", old.total_tok_s, new.total_tok_s
-    else:
-        kind, fa, fb = "prefill", old.ttft_ms, new.ttft_ms
-    if not fa or not fb:
-        return ""
-    found = decompose(
-        str(old.id),
-        kind,  # type: ignore[arg-type]
-        Side(fa, old.server),
-        Side(fb, new.server),
-        concurrency=old.id.concurrency,
-    )
-    return found.line() if isinstance(found, Explanation) else ""
+    found = None if old is None or new is None else decomposition(old, new)
+    return found.line() if found is not None else ""
 
 
 __all__ = ["VERDICT_PROPERTY", "ABRun", "explain", "old_settings"]

@@ -191,8 +191,19 @@ def explanation(a: CellRecord, b: CellRecord, verdict: Verdict) -> str:
     """Why the cell changed, in one line (``decode[32K-c8] −10.3%: acceptance length 2.41 →
     1.93 (−19.9%), steps/s ...``): for a regression or an improvement, or when the server's
     figures hold a finding by themselves; "" when either run has no server figures for it."""
-    if a.server is None or b.server is None or not (a.measured and b.measured):
+    found = decomposition(a, b)
+    if found is None:
         return ""
+    if verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT) or found.findings:
+        return found.line()
+    return ""
+
+
+def decomposition(a: CellRecord, b: CellRecord) -> Explanation | None:
+    """Why a cell moved from record ``a`` to record ``b``, from their server figures (each
+    factor judged against the figures' own intervals); None when either has none."""
+    if a.server is None or b.server is None or not (a.measured and b.measured):
+        return None
     if a.phase is Phase.DECODE:
         kind, fa, fb = "decode", a.total_tok_s, b.total_tok_s
         noise = change_noise(fa or 0.0, a.total_tok_s_ci, fb or 0.0, b.total_tok_s_ci)
@@ -200,7 +211,7 @@ def explanation(a: CellRecord, b: CellRecord, verdict: Verdict) -> str:
         kind, fa, fb = "prefill", a.ttft_ms, b.ttft_ms
         noise = change_noise(fa or 0.0, a.ttft_ms_ci, fb or 0.0, b.ttft_ms_ci)
     if not fa or not fb:
-        return ""
+        return None
     found = explain(
         str(a.id),
         kind,  # type: ignore[arg-type]
@@ -209,11 +220,7 @@ def explanation(a: CellRecord, b: CellRecord, verdict: Verdict) -> str:
         noise={"total": noise} if noise is not None else None,
         concurrency=a.id.concurrency,
     )
-    if not isinstance(found, Explanation):
-        return ""
-    if verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT) or found.findings:
-        return found.line()
-    return ""
+    return found if isinstance(found, Explanation) else None
 
 
 def _unexplained(old: Results, new: Results) -> str | None:
