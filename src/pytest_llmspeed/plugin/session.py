@@ -85,6 +85,13 @@ class LLMSpeedRun:
             why = str(exc)
         else:
             return None
+        if self.ab is not None:  # the first round starts the old version: say which failed
+            flag = (
+                "--llm-serve-baseline"
+                if self.settings.serve_baseline
+                else ("--llm-endpoint-baseline")
+            )
+            why = f"the A/B's old version ({flag}): {why}"
         return self.server.give_up(f"pytest-llmspeed: {why}")
 
     def stop(self) -> None:
