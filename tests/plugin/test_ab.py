@@ -7,6 +7,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from pytest_llmspeed.gate.ab import BLOCK, MIRROR, block_order
+
 pytestmark = pytest.mark.slow  # every test here runs rounds of cells on the simulator
 
 SIM = f"{sys.executable} -m pytest_llmspeed.sim --port {{port}} --profile tiny --speed 10"
@@ -30,7 +32,8 @@ def test_a_slower_new_version_regresses_with_why(results_doc, pytester):
     )
     assert result.ret == 1
     doc = results_doc("out.json")["ab"]
-    assert doc["order"][:8] == ["old", "new", "new", "old"] * 2
+    # each block old new new old or its mirror, as drawn from the recorded seed
+    assert doc["order"][:8] == [*block_order(0, doc["seed"]), *block_order(1, doc["seed"])]
     assert doc["arms"]["old"]["command"].endswith("--speed 10 ")
     for cell in ("decode[1K-c1]", "decode[1K-c4]"):
         got = doc["cells"][cell]
@@ -85,6 +88,21 @@ def test_an_unknown_fails_only_when_asked(results_doc, pytester):
         assert f"{cell} A/B unknown" in out  # its test failed, saying so
 
 
+def test_the_seed_repeats_the_order(results_doc, pytester):
+    """--llm-ab-seed draws the same blocks' orders again; the header names the seed; a seed
+    whose first block is the mirror starts the new version first."""
+    seed = next(s for s in range(100) if block_order(0, s) == MIRROR)
+    result = pytester.runpytest(
+        *ab(), *ARGS, "--llm-concurrency=1", "--llm-tolerance=20%", f"--llm-ab-seed={seed}"
+    )
+    assert result.ret == 0, result.stdout.str()
+    doc = results_doc("out.json")["ab"]
+    assert doc["seed"] == seed
+    assert doc["order"][:4] == list(MIRROR) and doc["rounds"][0]["arm"] == "new"
+    assert doc["order"][4:8] in (list(BLOCK), list(MIRROR))
+    assert f"--llm-ab-seed={seed}" in result.stdout.str()
+
+
 def test_two_servers_the_plugin_does_not_start(results_doc, pytester):
     from pytest_llmspeed.sim import SimOptions, running_simulator_process
 
@@ -112,6 +130,7 @@ def test_two_servers_the_plugin_does_not_start(results_doc, pytester):
         ((*ab(), "--llm-ab-rounds=4"), "at least 8 rounds"),
         ((*ab(), "--llm-tolerance=150%"), "below 100 %"),
         ((*ab(), "--llm-budget=soon"), "900, 90s, 10m, 1h"),
+        ((*ab(), "--llm-ab-seed=-1"), "whole number"),
         (
             ("--llm-endpoint=http://127.0.0.1:9", "--llm-endpoint-baseline=http://127.0.0.1:9/v1"),
             "the same server as --llm-endpoint",

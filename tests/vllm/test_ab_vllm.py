@@ -23,6 +23,7 @@ import pytest
 
 from engines.home import Layout, vllm_home
 from engines.servers import KV_CACHE_MEMORY_BYTES, MAX_MODEL_LEN, NOT_SET_UP, SERVED_MODEL
+from pytest_llmspeed.gate.ab import block_order
 from tests.processes import gone
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -68,7 +69,7 @@ def test_a_cap_on_running_requests_regresses_c8_with_why(results_doc, pytester):
     assert result.ret == 1, out  # a regression fails the run
     doc = results_doc("out.json")["ab"]
     print(f"A/B took {took:.0f} s", json.dumps(doc["cells"]))  # shown when it fails
-    assert doc["order"] == ["old", "new", "new", "old"] * 2, doc["order"]
+    assert doc["order"] == [*block_order(0, doc["seed"]), *block_order(1, doc["seed"])]
     for r in doc["rounds"]:
         assert not r["missing"], r  # every start served every cell
     c8, c4 = doc["cells"]["decode[1K-c8]"], doc["cells"]["decode[1K-c4]"]

@@ -5,16 +5,31 @@ measuring again. The plugin's runner (``plugin/ab.py``) drives it; the judge is
 :mod:`.judge`'s.
 
 A round is the selected cells measured on one start of one version. Rounds come in blocks of
-four, old new new old (A B B A); a block's change of a figure is
-``d = (ln B1 + ln B2 − ln A1 − ln A2) / 2``, in which a drift linear over the block cancels
-exactly. The blocks' d of one figure are its samples. Their variance has two parts: what moves
-between starts (a start's factor, the drift's curvature), mostly the whole server's, and each
-measurement's own noise, which each round's interval gives (a decode window's batch means, a
-prefill cell's cold requests): ``var d = σ² + (w²(A1) + w²(B1) + w²(B2) + w²(A2)) / 4``. σ² is
-pooled over every figure of every cell of the A/B (its spread of d less the windows' part), so
-two blocks give many degrees of freedom where one cell alone has one, and a cell noisier than
-the others (a prefill of six cold requests beside decode windows) keeps its own noise. Where a
-round has no interval, the spread of d pooled over the cells of that kind stands instead.
+four, old new new old (A B B A) or new old old new (B A A B), each block's order drawn at
+random from the A/B's seed (as Pinpoint and asv order their repeats: a load that rises and falls
+with the rounds' own rhythm becomes noise that the spread sees, not a change); a block's change
+of a figure is ``d = (ln B1 + ln B2 − ln A1 − ln A2) / 2``, in which a drift linear over the
+block cancels exactly. The blocks' d of one figure are its samples. Their variance has two
+parts: what moves between starts (a start's factor, the drift's curvature), mostly the whole
+server's, and each measurement's own noise, which each round's interval gives (a decode
+window's batch means, a prefill cell's cold requests):
+``var d = σ² + (w²(A1) + w²(B1) + w²(B2) + w²(A2)) / 4``. σ² is pooled over every figure of
+every cell of the A/B (its spread of d less the windows' part), so a cell's few blocks
+borrow the others' spread, and a cell noisier than the others (a prefill of six cold requests
+beside decode windows) keeps its own noise. Where a round has no interval,
+the spread of d pooled over the cells of that kind stands instead.
+
+The pooled spread's degrees of freedom are counted honestly: a round's cells share its start
+and the minutes it ran in, so their blocks' d move together and ten figures of one block are
+not ten independent samples. They count as one sample a block's d and one a block's noise
+contrast (2 n − 1 in n blocks), as a sample of few clusters is counted (t with G − 1 degrees of
+freedom: Cameron & Miller 2015). Counted as independent, the 95 % intervals of unchanged A/Bs
+under a start noise shared by the whole server missed 13.6 % of the time
+(tests/unit/test_ab_ledger.py's model, two blocks: 9 figures a block); counted so, 5.2 %. Tried
+and left: Kish's design effect with the figures' correlation estimated from their cross-
+products (few blocks know it too roughly: 10 % missed), and Satterthwaite's degrees of freedom
+of σ² + a figure's own part (a quiet figure beside noisy ones got one, and a 30 % slower c1
+cell stayed unknown after 16 starts).
 
 No numpy, no pytest.
 """
@@ -22,14 +37,17 @@ No numpy, no pytest.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .judge import Change, Judgement, Verdict, judge
 
-#: the arms in the order of one block: old, new, new, old
+#: the arms in the order of one block: old, new, new, old (its mirror, new old old new, is the
+#: other order a block may be drawn in)
 BLOCK = ("old", "new", "new", "old")
+MIRROR = ("new", "old", "old", "new")
 #: blocks a cell is measured in before it may be called regressed, improved or hopelessly
 #: unknown; "same" may stop it after the first. One block's spread comes from its noise
 #: contrasts alone, which a drift's curvature does not move but the block's change does: a
@@ -49,14 +67,35 @@ STALL_FACTOR = 3.0
 _PRECEDENCE = (Verdict.REGRESSED, Verdict.UNKNOWN, Verdict.IMPROVED, Verdict.SAME)
 
 
-def arm_of(index: int) -> str:
-    """The arm of round ``index`` (from 0): old, new, new, old, old, new, ..."""
-    return BLOCK[index % len(BLOCK)]
+def block_order(block: int, seed: int | None = None) -> tuple[str, ...]:
+    """The arms of block ``block`` (from 0) in order: without a seed always old new new old;
+    with one, that or its mirror, drawn for each block (the same seed, the same orders)."""
+    if seed is None:
+        return BLOCK
+    return MIRROR if random.Random(seed * 1_000_003 + block).random() < 0.5 else BLOCK
+
+
+def arm_of(index: int, seed: int | None = None) -> str:
+    """The arm of round ``index`` (from 0): old, new, new, old, old, new, ... without a seed;
+    with one, each block's order as :func:`block_order` draws it."""
+    return block_order(index // len(BLOCK), seed)[index % len(BLOCK)]
 
 
 def kind_of(cell: str) -> str:
     """``decode[32K-c8]`` → decode; ``prefill[8K]`` → prefill."""
     return cell.partition("[")[0]
+
+
+def clustered_df(groups: Iterable[Sequence[float]]) -> float:
+    """The degrees of freedom of a spread whose samples come in groups that move together (a
+    block's figures share its starts): the samples over the groups' size weighed by size
+    (``Σ m_g / (Σ m_g² / Σ m_g)``), i.e. about one a group, as for a sample of few clusters
+    (Cameron & Miller 2015, "A practitioner's guide to cluster-robust inference": t with
+    G − 1 degrees of freedom). 0 without samples."""
+    sizes = [len(g) for g in groups if g]
+    if not sizes:
+        return 0.0
+    return sum(sizes) ** 2 / sum(m * m for m in sizes)
 
 
 @dataclass(frozen=True)
@@ -71,16 +110,51 @@ class Block:
     noise: float
     d_own: float | None = None
     noise_own: float | None = None
+    start: int = 0  # the index of its first round
 
     @classmethod
-    def of(cls, logs: Sequence[float], ses: Sequence[float] | None) -> Block:
-        a1, b1, b2, a2 = logs
-        d = (b1 + b2 - a1 - a2) / 2
-        noise = (-a1 + 3 * b1 - 3 * b2 + a2) / math.sqrt(20)
+    def of(
+        cls,
+        logs: Sequence[float],
+        ses: Sequence[float] | None,
+        arms: Sequence[str] = BLOCK,
+        start: int = 0,
+    ) -> Block:
+        """From the logs of a block's four rounds in the order measured, their arms (old new
+        new old, or its mirror: d's sign follows the arms; the noise contrast is the same for
+        both orders, orthogonal to either's versions contrast, a constant and a drift up to
+        quadratic)."""
+        x0, x1, x2, x3 = logs
+        sign = 1.0 if tuple(arms) == BLOCK else -1.0
+        d = sign * (x1 + x2 - x0 - x3) / 2
+        noise = (-x0 + 3 * x1 - 3 * x2 + x3) / math.sqrt(20)
         if ses is None:
-            return cls(d, noise)
+            return cls(d, noise, start=start)
         w = [x * x for x in ses]
-        return cls(d, noise, sum(w) / 4, (w[0] + 9 * w[1] + 9 * w[2] + w[3]) / 20)
+        return cls(d, noise, sum(w) / 4, (w[0] + 9 * w[1] + 9 * w[2] + w[3]) / 20, start)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The blocks' spread over some figures: ``ss``, the sum of squares of the blocks' d about
+    each figure's mean and of their noise contrasts; ``own``, what the measurements' own
+    noise accounts for of it; ``samples``, its divisor (2 n − 1 a figure of n blocks); the
+    values by block (d centred, noise contrasts: the groups that move together); whether
+    every round had an interval."""
+
+    ss: float
+    own: float
+    samples: int
+    groups: list[list[float]]
+    intervals: bool
+    least: int = 1  # the most samples one figure gives (2 n − 1)
+
+    def df(self) -> float:
+        """The degrees of freedom of the pooled variance: about one a group of a block's
+        figures (:func:`clustered_df`), at least one figure's own (2 n − 1), to a tenth."""
+        if not self.samples:
+            return 0.0
+        return round(max(self.least, clustered_df(self.groups) - 1), 1)
 
 
 @dataclass
@@ -193,6 +267,12 @@ class Ledger:
     tolerance: float
     rounds: list[Round] = field(default_factory=list)
     decided: dict[str, CellVerdict] = field(default_factory=dict)
+    #: the seed each block's order is drawn from (:func:`block_order`; None: always ABBA)
+    seed: int | None = None
+
+    def arm(self, index: int) -> str:
+        """The arm of round ``index`` in this A/B's order."""
+        return arm_of(index, self.seed)
 
     # -- the figures ------------------------------------------------------------------------
 
@@ -212,10 +292,13 @@ class Ledger:
             values = [r.cells.get(cell, {}).get(figure) for r in rounds]
             if any(v is None or not v > 0 or not math.isfinite(v) for v in values):
                 continue
+            arms = tuple(r.arm for r in rounds)
+            if arms not in (BLOCK, MIRROR):
+                continue  # not a block of two of each (a ledger built by hand)
             logs = [math.log(v) for v in values if v is not None]
             ses = [r.se.get(cell, {}).get(figure) for r in rounds]
             known = [w for w in ses if w is not None and math.isfinite(w)]
-            out.append(Block.of(logs, known if len(known) == len(BLOCK) else None))
+            out.append(Block.of(logs, known if len(known) == len(BLOCK) else None, arms, start))
         return out
 
     def stalled(self, cell: str, figure: str) -> list[tuple[int, float]]:
@@ -245,41 +328,49 @@ class Ledger:
                     out.append((index, factor))
         return sorted(out)
 
-    def _spread(self, cells: Iterable[str]) -> tuple[float, float, int, bool]:
-        """Over every figure of ``cells`` with a complete block: the sum of squares
-        of the blocks' d about their mean and of their noise contrasts, what the measurements'
-        own noise accounts for of it, its degrees of freedom, and whether every round had an
-        interval."""
+    def _spread(self, cells: Iterable[str]) -> Spread:
+        """Over every figure of ``cells`` with a complete block: the blocks' d about their
+        mean and their noise contrasts (see :class:`Spread`)."""
         ss = own = 0.0
-        df = 0
+        samples = least = 0
         intervals = True
+        groups: dict[tuple[int, str], list[float]] = {}
         for cell in cells:
             for figure, _ in FIGURES.get(kind_of(cell), ()):
                 got = self.blocks(cell, figure)
                 if not got:
-                    continue  # one block: its noise contrast alone (1 degree of freedom)
+                    continue
                 mean = sum(b.d for b in got) / len(got)
                 ss += sum((b.d - mean) ** 2 + b.noise**2 for b in got)
-                df += 2 * len(got) - 1
+                samples += 2 * len(got) - 1  # one block: its noise contrast alone
+                least = max(least, 2 * len(got) - 1)
+                for b in got:
+                    if len(got) > 1:
+                        groups.setdefault((b.start, "d"), []).append(b.d - mean)
+                    groups.setdefault((b.start, "noise"), []).append(b.noise)
                 if any(b.d_own is None for b in got):
                     intervals = False
                     continue
                 n = len(got)
                 own += sum((b.d_own or 0.0) * (n - 1) / n + (b.noise_own or 0.0) for b in got)
-        return ss, own, df, intervals
+        return Spread(ss, own, samples, list(groups.values()), intervals, max(1, least))
 
-    def pooled(self, kind: str) -> tuple[float, int]:
+    def pooled(self, kind: str) -> tuple[float, float]:
         """The variance of one block's d pooled over every figure of every cell of ``kind``
         with a complete block (the blocks' spread about their mean, and each block's noise
-        contrast), and its degrees of freedom."""
-        ss, _, df, _ = self._spread(self.cells(kind))
-        return (ss / df if df else math.inf), df
+        contrast), and its degrees of freedom (:meth:`Spread.df`)."""
+        spread = self._spread(self.cells(kind))
+        if not spread.samples:
+            return math.inf, 0
+        return spread.ss / spread.samples, spread.df()
 
-    def between(self) -> tuple[float, int] | None:
+    def between(self) -> tuple[float, float] | None:
         """σ², what moves between starts, pooled over every figure of every cell whose rounds
         all have intervals: the blocks' spread less the measurements' own part (at least 0);
-        its degrees of freedom. None when no figure has a complete block."""
-        ss, own, df, _ = self._spread(
+        its degrees of freedom (about one a block's d and one a block's noise contrast, less
+        one: a block's figures share its starts, :meth:`Spread.df`). None when no figure has a
+        complete block."""
+        spread = self._spread(
             c
             for c in self.cells()
             if all(
@@ -288,9 +379,9 @@ class Ledger:
                 for b in self.blocks(c, f)
             )
         )
-        if not df:
+        if not spread.samples:
             return None
-        return max(0.0, (ss - own) / df), df
+        return max(0.0, (spread.ss - spread.own) / spread.samples), spread.df()
 
     def cells(self, kind: str | None = None) -> list[str]:
         """Every cell measured in some round (of ``kind``), in the order first seen."""
@@ -389,6 +480,7 @@ class Ledger:
             counts[v.verdict.value] += 1
         return {
             "tolerance": self.tolerance,
+            "seed": self.seed,
             "order": [r.arm for r in self.rounds],
             "rounds": [r.to_dict() for r in self.rounds],
             "cells": {c: v.to_dict() for c, v in verdicts.items()},
@@ -400,12 +492,16 @@ __all__ = [
     "BLOCK",
     "FIGURES",
     "MIN_BLOCKS",
+    "MIRROR",
     "STALL_FACTOR",
     "Block",
     "CellVerdict",
     "Ledger",
     "Round",
+    "Spread",
     "arm_of",
+    "block_order",
     "cell_verdict",
+    "clustered_df",
     "kind_of",
 ]

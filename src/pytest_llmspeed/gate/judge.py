@@ -53,7 +53,7 @@ class Change:
 
     log_ratio: float
     se: float
-    df: int | None
+    df: float | None  # whole for a sample's spread; an A/B's pooled spread counts fractions
     n: int
 
     @property
@@ -145,7 +145,7 @@ def unpaired(
     sn = sn if len(new) > 1 else within
     vo, vn = so * so / len(old), sn * sn / len(new)
     se = math.sqrt(vo + vn)
-    df: int | None = None
+    df: float | None = None
     if len(old) > 1 and len(new) > 1 and se > 0:
         denom = vo * vo / (len(old) - 1) + vn * vn / (len(new) - 1)
         df = max(1, round((vo + vn) ** 2 / denom)) if denom > 0 else None

@@ -129,7 +129,6 @@ def _ab_loop(session: pytest.Session, run: LLMSpeedRun) -> bool:
     in ABBA order, each on a fresh start of its version, a cell's tests only while it is
     undecided (plugin/ab.py)."""
     from ..core.errors import LLMSpeedError
-    from ..gate.ab import arm_of
 
     ab = run.ab
     assert ab is not None
@@ -145,7 +144,7 @@ def _ab_loop(session: pytest.Session, run: LLMSpeedRun) -> bool:
                 raise session.Interrupted(
                     run.server.give_up(
                         f"pytest-llmspeed: the A/B stopped before round {index + 1}: starting "
-                        f"the {arm_of(index)} version failed: {exc}"
+                        f"the {ab.ledger.arm(index)} version failed: {exc}"
                     )
                 ) from None
             _run_items(session, [item for item in session.items if ab.runs_item(item, index)])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import math
+import secrets
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -53,7 +54,8 @@ class ABRun:
         s = run.settings
         self.run = run
         self.arms: dict[str, Settings] = {"old": old_settings(s), "new": s}
-        self.ledger = Ledger(s.tolerance)
+        seed = s.ab_seed if s.ab_seed is not None else secrets.randbelow(1 << 31)
+        self.ledger = Ledger(s.tolerance, seed=seed)
         self.max_rounds = s.ab_rounds - s.ab_rounds % 4
         #: each arm's latest record of each cell (the page and matrix show the new one's)
         self.latest: dict[str, dict[str, CellRecord]] = {"old": {}, "new": {}}
@@ -68,8 +70,8 @@ class ABRun:
         self._items: dict[str, pytest.Item] = {}
 
     def header(self) -> list[str]:
-        """What the A/B compares and how, under the server line (the old version's: the
-        first round starts it)."""
+        """What the A/B compares and how, under the server line (the first round's version's:
+        the session's first start is its)."""
         s = self.run.settings
         out = []
         for arm, a in self.arms.items():
@@ -78,7 +80,8 @@ class ABRun:
         budget = f" · budget {s.budget:g} s past the first two blocks" if s.budget else ""
         restarts = "each on a fresh start" if s.ab_kind == "serve" else "no restarts"
         out.append(
-            f"llmspeed A/B: 8–{self.max_rounds} rounds in blocks of old, new, new, old "
+            f"llmspeed A/B: 8–{self.max_rounds} rounds in blocks of old, new, new, old or "
+            f"new, old, old, new, each drawn at random (--llm-ab-seed={self.ledger.seed}) "
             f"({restarts}) · tolerance ±{s.tolerance:.1%}{budget} · unknown: {s.unknown}"
         )
         return out
@@ -93,9 +96,9 @@ class ABRun:
     def begin_round(self, index: int) -> None:
         """Round ``index``: start its arm's server (a fresh start; the first round's server is
         the session's first start), open its ledger round."""
-        from ..gate.ab import BLOCK, MIN_BLOCKS, Round, arm_of
+        from ..gate.ab import BLOCK, MIN_BLOCKS, Round
 
-        arm = arm_of(index)
+        arm = self.ledger.arm(index)
         run = self.run
         if index > 0:
             run.server.switch(self.arms[arm])
@@ -112,9 +115,7 @@ class ABRun:
             run.progress.total = len(plan)
 
     def label(self, index: int) -> str:
-        from ..gate.ab import arm_of
-
-        return f"round {index + 1}/{self.max_rounds} {arm_of(index)} · "
+        return f"round {index + 1}/{self.max_rounds} {self.ledger.arm(index)} · "
 
     def end_round(self) -> None:
         """The round's cells that have no figures (failed, error, skipped) into the ledger,

@@ -53,7 +53,8 @@ class LLMSpeedRun:
             from .ab import ABRun
 
             self.ab = ABRun(self)
-            self.server.settings = self.ab.arms["old"]  # the first round: A B B A
+            # the first round's version (its block drawn old new new old, or new old old new)
+            self.server.settings = self.ab.arms[self.ab.ledger.arm(0)]
 
     def start(self) -> None:
         """Start the server, note what it found, check the baseline's settings against it,
@@ -85,13 +86,17 @@ class LLMSpeedRun:
             why = str(exc)
         else:
             return None
-        if self.ab is not None:  # the first round starts the old version: say which failed
-            flag = (
-                "--llm-serve-baseline"
-                if self.settings.serve_baseline
-                else ("--llm-endpoint-baseline")
-            )
-            why = f"the A/B's old version ({flag}): {why}"
+        if self.ab is not None:  # the first round starts its version: say which failed
+            arm = self.ab.ledger.arm(0)
+            if arm == "old":
+                flag = (
+                    "--llm-serve-baseline"
+                    if self.settings.serve_baseline
+                    else "--llm-endpoint-baseline"
+                )
+            else:
+                flag = "--llm-serve" if self.settings.serve_baseline else "--llm-endpoint"
+            why = f"the A/B's {arm} version ({flag}): {why}"
         return self.server.give_up(f"pytest-llmspeed: {why}")
 
     def stop(self) -> None:

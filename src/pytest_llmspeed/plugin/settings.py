@@ -254,9 +254,15 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "ab-rounds",
         "the most rounds of an A/B (a round: the selected cells on one start), in blocks of "
-        "four (old, new, new, old); the first two blocks always run, later ones only for the "
-        "cells still unknown",
+        "four (old, new, new, old, or new, old, old, new); the first two blocks always run, "
+        "later ones only for the cells still unknown",
         default="16",
+    ),
+    Option(
+        "ab-seed",
+        "the seed an A/B draws each block's order from (old, new, new, old, or its mirror); "
+        "default: a fresh one, written in the results file's 'ab' as 'seed': give it to "
+        "repeat an A/B's order",
     ),
     Option(
         "tolerance",
@@ -334,6 +340,7 @@ class Settings:
     serve_baseline_plan: Any = None
     endpoint_baseline: str | None = None
     ab_rounds: int = 16
+    ab_seed: int | None = None  # None: drawn when the A/B begins
     tolerance: float = 0.05
     budget: float | None = None  # seconds
     unknown: str = "warn"
@@ -802,6 +809,10 @@ def _convert(key: str, value: str) -> Any:
     if key == "ab_rounds":
         if not value.strip().isdigit() or int(value) < 1:
             raise ValueError("must be a whole number of rounds (8 or more)")
+        return int(value)
+    if key == "ab_seed":
+        if not value.strip().isdigit():
+            raise ValueError("must be a whole number (0, 1, 2, ...)")
         return int(value)
     if key == "tolerance":
         text = value.strip()
