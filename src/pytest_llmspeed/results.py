@@ -12,11 +12,13 @@ History of the format (``schema`` key):
   gate's outcome under ``baseline`` with ``baseline_checks`` and ``attempts``. Later 0.x
   releases add keys (``notes`` on a cell, ``metadata`` on the run, ``launch_command``,
   ``replica_tok_s`` on a decode cell measured over several replicas, ``improved`` on a check
-  that improved); a reader keeps keys it does not know (``extra``) and writes them back, and
-  leaves out a known key the file lacks (``CellRecord.absent``). The gate's verdicts are
-  data: a check read back keeps the verdict it stored (``Check.stored``), whatever rule this
-  version judges by. A change of meaning of an existing key is a new major version (v2), and
-  v1 stays readable.
+  that improved, ``flags`` on a cell: the notes that code reads, typed as ``{"kind",
+  "detail"}``, which a file before them says in its ``notes``' words, read back by
+  :func:`flags_of_notes`); a reader keeps keys it does not know (``extra``) and writes them
+  back, and leaves out a known key the file lacks (``CellRecord.absent``). The gate's
+  verdicts are data: a check read back keeps the verdict it stored (``Check.stored``),
+  whatever rule this version judges by. A change of meaning of an existing key is a new major
+  version (v2), and v1 stays readable.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ __all__ = [
     "CellId",
     "CellRecord",
     "Check",
+    "Flag",
+    "FlagKind",
     "GateVerdict",
     "K",
     "Outcome",
@@ -585,6 +589,89 @@ class Samples:
     per_request_tok_s: tuple[float, ...] = ()
 
 
+class FlagKind(StrEnum):
+    """What a cell's flag says (``CellRecord.flags``), each kind a word of the file; the
+    report says what each means (``report.notes``) and :meth:`Flag.text` says the cell's in
+    words."""
+
+    #: how the tokens were counted, when not from continuous usage (the detail says how)
+    TOKENS = "tokens"
+    #: the client's event loop was behind for over a tenth of the window (the heartbeat's)
+    CLIENT_BEHIND = "client_behind"
+    #: requests running or waiting at the window's start, after the wait for an idle server
+    SERVER_BUSY = "server_busy"
+    #: a /metrics read of the window did not parse (the detail: its first failing line)
+    METRICS_UNPARSED = "metrics_unparsed"
+    #: server values that are not figures (NaN, infinite, negative): taken as not exposed
+    SERVER_VALUES_REFUSED = "server_values_refused"
+    #: a counter went back inside the window: the cell's server figures are not kept
+    SERVER_WENT_BACK = "server_went_back"
+
+
+#: each kind's words around its detail, as the cell's note reads: (before, after)
+_FLAG_WORDS = {
+    FlagKind.TOKENS: ("tokens: ", ""),
+    FlagKind.CLIENT_BEHIND: ("client: event loop ", ""),
+    FlagKind.SERVER_BUSY: ("server busy at the window's start: ", ""),
+    FlagKind.METRICS_UNPARSED: ("/metrics did not parse: ", ""),
+    FlagKind.SERVER_VALUES_REFUSED: (
+        "server values that are not figures: ",
+        " (taken as not exposed in this cell)",
+    ),
+    FlagKind.SERVER_WENT_BACK: (
+        "server figures not kept: ",
+        " (the server restarted, or its counters are not to be trusted)",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A typed note on a cell: its kind, and the cell's own figure in words (``2 running, 1
+    waiting after waiting 10.0 s``). Code reads the kind; a person reads :meth:`text`."""
+
+    #: a str only for a kind this version does not know (a later version's), kept as read
+    kind: FlagKind | str
+    detail: str = ""
+
+    def text(self) -> str:
+        """The note in words, as the cell's notes said it before flags were typed."""
+        if not isinstance(self.kind, FlagKind):
+            return f"{self.kind}: {self.detail}" if self.detail else self.kind
+        before, after = _FLAG_WORDS[self.kind]
+        return f"{before}{self.detail}{after}"
+
+    def to_v1(self) -> dict[str, str]:
+        return {"kind": str(self.kind), "detail": self.detail}
+
+    @classmethod
+    def from_v1(cls, data: Mapping[str, Any]) -> Flag:
+        kind = str(data["kind"])
+        try:
+            known: FlagKind | str = FlagKind(kind)
+        except ValueError:  # a later version's kind: kept, shown in its own words
+            known = kind
+        return cls(known, str(data.get("detail", "")))
+
+
+def flags_of_notes(notes: Iterable[str]) -> tuple[tuple[Flag, ...], tuple[str, ...]]:
+    """A cell of a file written before flags (no ``flags`` key) said them in its notes: the
+    flags those notes say, by the words they begin with (:data:`_FLAG_WORDS`), and the other
+    notes, each in order. The one place in the project that reads a note's text: everything
+    else reads :attr:`CellRecord.flags`. A flag's :meth:`~Flag.text` is the note it was read
+    from (their words have not changed since each kind was first written)."""
+    flags: list[Flag] = []
+    rest: list[str] = []
+    for note in notes:
+        for kind, (before, after) in _FLAG_WORDS.items():
+            if note.startswith(before):
+                flags.append(Flag(kind, note.removeprefix(before).removesuffix(after)))
+                break
+        else:
+            rest.append(note)
+    return tuple(flags), tuple(rest)
+
+
 #: the identity of a cell among its JUnit properties, before its figures
 _ID_PROPERTIES = ("phase", "context", "context_tokens", "concurrency", "status", "reason")
 
@@ -776,11 +863,16 @@ class CellRecord:
     # the gate
     gate: GateVerdict | None = None
     attempts: tuple[Mapping[str, float | None], ...] = ()
+    #: what a reader must know of the cell that code reads: typed (kind, detail), in the order
+    #: they were found; written under "flags"
+    flags: tuple[Flag, ...] = ()
+    #: more to know about the cell, in words only (no code reads them back)
     notes: tuple[str, ...] = ()
     #: keys of the file this version does not know, kept and written back
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: keys the file it was read from did not have (written by a version before them): a
-    #: figure of its phase, ``context_display``; not written back
+    #: figure of its phase, ``context_display``; not written back (``flags``: written back as
+    #: the notes they were read from, :func:`flags_of_notes`)
     absent: frozenset[str] = frozenset()
 
     # -- what the cell is
@@ -901,8 +993,14 @@ class CellRecord:
                 out["baseline_budget_cut"] = True
         if self.attempts:
             out["attempts"] = [dict(a) for a in self.attempts]
-        if self.notes:
-            out["notes"] = list(self.notes)
+        if "flags" in self.absent:  # as its file said them: in words, before the other notes
+            notes = [*(f.text() for f in self.flags), *self.notes]
+        else:
+            if self.flags:
+                out["flags"] = [f.to_v1() for f in self.flags]
+            notes = list(self.notes)
+        if notes:
+            out["notes"] = notes
         out.update(self.extra)
         return out
 
@@ -916,7 +1014,7 @@ class CellRecord:
             "context_tokens": data.get("context_tokens"),
             "reason": data.get("reason"),
         }
-        known = set(_ID_KEYS) | set(_GATE_KEYS) | {"reason", "samples", "notes", "server"}
+        known = set(_ID_KEYS) | set(_GATE_KEYS) | {"reason", "samples", "notes", "flags", "server"}
         if isinstance(data.get("server"), Mapping):
             kwargs["server"] = ServerFigures.from_dict(data["server"])
         for f in figures.with_interval():
@@ -957,9 +1055,15 @@ class CellRecord:
                 not_gated=str(data.get("baseline_not_gated", "")),
                 budget_cut=bool(data.get("baseline_budget_cut", False)),
             )
+        notes = tuple(str(n) for n in data.get("notes", ()))
+        if "flags" in data:
+            kwargs["flags"] = tuple(Flag.from_v1(f) for f in data["flags"])
+        else:  # a file before flags: they are in its notes' words
+            kwargs["flags"], notes = flags_of_notes(notes)
+            absent.add("flags")
         kwargs["absent"] = frozenset(absent)
         kwargs["attempts"] = tuple(dict(a) for a in data.get("attempts", ()))
-        kwargs["notes"] = tuple(str(n) for n in data.get("notes", ()))
+        kwargs["notes"] = notes
         kwargs["extra"] = {k: v for k, v in data.items() if k not in known}
         return cls(**kwargs)
 

@@ -60,8 +60,8 @@ JSON_TYPE = {
 #: a cell's keys that are not figures: what it is, how it ended, its structure, the gate's
 NOT_FIGURES = {
     "id", "phase", "context", "context_tokens", "context_display", "concurrency", "status",
-    "reason", "samples", "replica_tok_s", "notes", "baseline", "baseline_checks", "attempts",
-    "server", "baseline_why", "baseline_not_gated", "baseline_budget_cut",
+    "reason", "samples", "replica_tok_s", "flags", "notes", "baseline", "baseline_checks",
+    "attempts", "server", "baseline_why", "baseline_not_gated", "baseline_budget_cut",
 }  # fmt: skip
 
 
