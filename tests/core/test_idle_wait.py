@@ -17,7 +17,7 @@ from pytest_llmspeed.core.probe import MetricsSnapshot, probe
 from pytest_llmspeed.core.prompts import PromptFactory
 from pytest_llmspeed.core.protocol import _wait_idle, negotiate, run_decode
 from pytest_llmspeed.core.status import cell_status
-from pytest_llmspeed.results import Status
+from pytest_llmspeed.results import FlagKind, Status
 from pytest_llmspeed.sim import SimOptions, running_simulator
 
 from .test_probe_values import Handler, models, server, text_answer
@@ -37,13 +37,14 @@ def busy_metrics(running: str, waiting: str = "0") -> str:
 async def wait_idle(
     metrics: str | Handler, bound: float, timeout: float = 5.0
 ) -> tuple[str | None, float]:
+    """The busy flag in words, and how long the wait took."""
     handler = metrics if callable(metrics) else text_answer(metrics)
     async with server(models({"id": "m"}), {"/metrics": handler}) as url:
         conn = Connection.open(url, None, timeout)
         try:
             started = time.perf_counter()
-            note = await _wait_idle(conn, bound)
-            return note, time.perf_counter() - started
+            flag = await _wait_idle(conn, bound)
+            return (None if flag is None else flag.text()), time.perf_counter() - started
         finally:
             await conn.close()
 
@@ -93,8 +94,8 @@ async def test_a_cell_on_a_busy_server_runs_valid_with_the_note(monkeypatch):
         finally:
             await conn.close()
     assert time.perf_counter() - started >= 2.0
-    (note,) = [n for n in result.notes if n.startswith("server busy")]
-    assert note.startswith(
+    (flag,) = [f for f in result.flags if f.kind is FlagKind.SERVER_BUSY]
+    assert flag.text().startswith(
         "server busy at the window's start: 2 running, 1 waiting after waiting 2."
     )
     assert cell_status(result).status is Status.VALID

@@ -38,7 +38,10 @@ def test_server_without_usage_in_streams_counts_exactly_where_it_can_and_says_ho
     # stream waits for its next first token cuts no request mid-stream: that cell is exact.
     says = {"ratio": "tokens per chunk", "max-tokens": "max_tokens at finish_reason length"}
     assert decode and all(c["tokens"] in says for c in decode)
-    assert all(any(says[c["tokens"]] in n for n in c["notes"]) for c in decode)
+    assert all(
+        any(f["kind"] == "tokens" and says[c["tokens"]] in f["detail"] for f in c["flags"])
+        for c in decode
+    )
     assert any(c["tokens"] == "ratio" for c in decode)  # 4 cells: all exact is ~1e-4 likely
     assert all(c["total_tok_s"] > 0 and c["tbt_ms"] > 0 for c in decode)
     assert sum(c["early_stops"] for c in decode) == 0  # each one reached max_tokens

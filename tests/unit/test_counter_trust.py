@@ -13,14 +13,14 @@ from pytest_llmspeed.core.protocol import (
     DecodeResult,
     MetricsRead,
     _window_figures,
-    _window_notes,
+    _window_flags,
     counter_disagreement,
 )
 from pytest_llmspeed.core.server_figures import snapshot as server_snapshot
 from pytest_llmspeed.core.stats import DecodeStats
 from pytest_llmspeed.core.status import cell_status
 from pytest_llmspeed.report.notes import COUNTER_LAG, note_lines
-from pytest_llmspeed.results import Status
+from pytest_llmspeed.results import Flag, FlagKind, Status
 
 from .test_server_values import metrics, record
 
@@ -37,9 +37,12 @@ def test_the_cell_says_which_values_it_refused():
     families = frozenset({"vllm:generation_tokens", "vllm:num_requests_running"})
     snaps = [snap for r in (*reads, close) if (snap := r.parse(families)[1]) is not None]
     assert len(snaps) == 3
-    notes = _window_notes(None, (reads[0], [reads[1]], close), (snaps[0], [snaps[1]], snaps[2]))
-    (note,) = notes
+    flags = _window_flags(None, (reads[0], [reads[1]], close), (snaps[0], [snaps[1]], snaps[2]))
+    (flag,) = flags
+    assert flag.kind is FlagKind.SERVER_VALUES_REFUSED
+    note = flag.text()
     assert note.startswith("server values that are not figures: ")
+    assert note.endswith(" (taken as not exposed in this cell)")
     assert "vllm:generation_tokens_total is NaN" in note
     assert "vllm:num_requests_running is −3" in note
 
@@ -53,10 +56,13 @@ def test_a_counter_that_falls_between_polls_invalidates_the_cells_server_figures
     assert got is not None
     assert got.generation_tokens is None and got.running_mean is None  # nothing kept
     assert "generation_tokens" in got.reset
-    notes = _window_notes(None, (None, [], None), (open_, [poll], close))
-    assert notes == (
+    (flag,) = _window_flags(None, (None, [], None), (open_, [poll], close))
+    assert flag == Flag(
+        FlagKind.SERVER_WENT_BACK, "vllm:generation_tokens_total fell from 100 to 50"
+    )
+    assert flag.text() == (
         "server figures not kept: vllm:generation_tokens_total fell from 100 to 50 (the server "
-        "restarted, or its counters are not to be trusted)",
+        "restarted, or its counters are not to be trusted)"
     )
 
 
@@ -68,8 +74,8 @@ def test_a_counter_that_went_back_at_the_close_is_said_too():
     open_, close = server_snapshot(after, 0.0), server_snapshot(before, 1.0)
     got = _window_figures(open_, close, [])
     assert got is not None and got.reset and got.steps is None and got.running_max is None
-    (note,) = _window_notes(None, (None, [], None), (open_, [], close))
-    assert note.startswith("server figures not kept: ") and " fell from " in note
+    (flag,) = _window_flags(None, (None, [], None), (open_, [], close))
+    assert flag.kind is FlagKind.SERVER_WENT_BACK and " fell from " in flag.detail
 
 
 def test_metrics_that_do_not_parse_in_a_cell_say_the_line_once():
@@ -78,8 +84,11 @@ def test_metrics_that_do_not_parse_in_a_cell_say_the_line_once():
     )
     good = read(metrics(), 0.0)
     snap = good.parse(frozenset({"vllm:num_requests_running"}))[1]
-    notes = _window_notes(None, (good, [bad, bad], good), (snap, [], snap))
-    assert notes == ('/metrics did not parse: line 2: "vllm:num_requests_running{a=\\"x"',)
+    flags = _window_flags(None, (good, [bad, bad], good), (snap, [], snap))
+    assert [f.text() for f in flags] == [
+        '/metrics did not parse: line 2: "vllm:num_requests_running{a=\\"x"'
+    ]
+    assert flags[0].kind is FlagKind.METRICS_UNPARSED
 
 
 def decode(**kw: object) -> DecodeResult:

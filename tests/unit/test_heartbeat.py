@@ -7,7 +7,8 @@ from array import array
 import pytest
 
 from pytest_llmspeed.core.bench import more_processes
-from pytest_llmspeed.core.heartbeat import CLIENT_PREFIX, Heartbeat, LoopLag
+from pytest_llmspeed.core.heartbeat import Heartbeat, LoopLag
+from pytest_llmspeed.results import Flag, FlagKind
 
 
 def beats(lates: list[float], cpu_per_tick: float = 0.005) -> Heartbeat:
@@ -25,7 +26,7 @@ def beats(lates: list[float], cpu_per_tick: float = 0.005) -> Heartbeat:
 
 def test_a_loop_on_time_is_not_behind():
     lag = beats([0.001] * 300).lag(0.0, 3.0)
-    assert lag is not None and not lag.behind and lag.note() is None
+    assert lag is not None and not lag.behind and lag.flag() is None and lag.note() is None
     assert lag.max_ms == pytest.approx(1.0) and lag.late_s == 0.0
     assert lag.cpu_share == pytest.approx(0.005 / 0.011, rel=1e-9)  # its CPU over its span
 
@@ -36,9 +37,9 @@ def test_a_loop_late_for_over_a_tenth_of_the_window_says_so():
     lag = beats(lates).lag(0.0, 3.0)
     assert lag is not None and lag.behind
     assert lag.late_s == pytest.approx(20 * 0.08) and lag.max_ms == pytest.approx(80.0)
-    note = lag.note()
-    assert note is not None and note.startswith(CLIENT_PREFIX)
-    assert "up to 80 ms late, 1.6 s of 3.0 s more than 50 ms behind" in note
+    detail = "up to 80 ms late, 1.6 s of 3.0 s more than 50 ms behind"
+    assert lag.flag() == Flag(FlagKind.CLIENT_BEHIND, detail)
+    assert lag.note() == f"client: event loop {detail}"  # the words a person reads
 
 
 def test_late_wake_ups_outside_the_window_do_not_count():

@@ -19,7 +19,7 @@ from pytest_llmspeed.report.notes import (
     cell_flags,
     note_lines,
 )
-from pytest_llmspeed.results import CellId, CellRecord, Status
+from pytest_llmspeed.results import CellId, CellRecord, Flag, FlagKind, Status
 
 
 def metrics(generation: str = "100", running: str = "2", waiting: str = "0") -> str:
@@ -83,7 +83,14 @@ def test_the_summary_says_each_server_value_kind_once_with_its_cells():
         "server figures not kept: vllm:generation_tokens_total fell from 100 to 50 (the server "
         "restarted, or its counters are not to be trusted)"
     )
-    cell = record(notes=(busy, refused, back))
+    cell = record(
+        flags=(
+            Flag(FlagKind.SERVER_BUSY, "2 running, 1 waiting after waiting 10.0 s"),
+            Flag(FlagKind.SERVER_VALUES_REFUSED, "vllm:generation_tokens_total is NaN"),
+            Flag(FlagKind.SERVER_WENT_BACK, "vllm:generation_tokens_total fell from 100 to 50"),
+        )
+    )
+    assert [f.text() for f in cell.flags] == [busy, refused, back]  # the words, as before
     lines = note_lines([cell])
     assert (
         f"  {SERVER_BUSY.heading}: {cell.id} (2 running, 1 waiting after waiting 10.0 s)" in lines

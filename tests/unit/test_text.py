@@ -320,7 +320,7 @@ def test_a_kept_record_holds_no_key_nor_control_character(tmp_path):
     import json
 
     from pytest_llmspeed.plugin.store import CellStore
-    from pytest_llmspeed.results import CellId, CellRecord, Status
+    from pytest_llmspeed.results import CellId, CellRecord, Flag, FlagKind, Status
 
     server = _server(_info(f"m{KEY}"))
     settings = dataclasses.replace(server.settings, results=str(tmp_path / "out.json"))
@@ -333,6 +333,7 @@ def test_a_kept_record_holds_no_key_nor_control_character(tmp_path):
         reason=f"2 of 4 requests failed: {echoed}",
         error_summary={echoed: 2, "stream error: invalid key <redacted>[2J ⏎ ::error::x": 1},
         notes=(echoed,),
+        flags=(Flag(FlagKind.METRICS_UNPARSED, echoed),),  # a /metrics line quoted
     )
     kept = store.record(rec)
     store.note(f"a note quoting the server: {echoed}")

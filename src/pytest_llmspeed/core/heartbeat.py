@@ -14,15 +14,14 @@ import time
 from array import array
 from dataclasses import dataclass
 
+from ..results import Flag, FlagKind
+
 #: the heartbeat's period
 TICK_S = 0.01
 #: a wake-up this late means reads stamped this late: above it, the loop is behind
 LATE_S = 0.05
 #: the share of a window the loop may spend behind before the cell says so
 LATE_SHARE = 0.1
-#: how a cell's note that the client could not keep up begins (``CellRecord.notes``; the
-#: report says what it means, ``report.notes.CLIENT_BEHIND``)
-CLIENT_PREFIX = "client: event loop "
 
 
 @dataclass(frozen=True)
@@ -39,14 +38,21 @@ class LoopLag:
         """The loop was behind for more than LATE_SHARE of the window."""
         return self.window_s > 0 and self.late_s > LATE_SHARE * self.window_s
 
-    def note(self) -> str | None:
-        """The cell's note when the client could not keep up; None when it could."""
+    def flag(self) -> Flag | None:
+        """The cell's flag when the client could not keep up (``FlagKind.CLIENT_BEHIND``; the
+        report says what it means, ``report.notes.CLIENT_BEHIND``); None when it could."""
         if not self.behind:
             return None
-        return (
-            f"{CLIENT_PREFIX}up to {self.max_ms:,.0f} ms late, {self.late_s:.1f} s of "
-            f"{self.window_s:.1f} s more than {LATE_S * 1e3:.0f} ms behind"
+        return Flag(
+            FlagKind.CLIENT_BEHIND,
+            f"up to {self.max_ms:,.0f} ms late, {self.late_s:.1f} s of {self.window_s:.1f} s "
+            f"more than {LATE_S * 1e3:.0f} ms behind",
         )
+
+    def note(self) -> str | None:
+        """The flag in words (``client: event loop up to …``); None when the client kept up."""
+        flag = self.flag()
+        return None if flag is None else flag.text()
 
 
 class Heartbeat:

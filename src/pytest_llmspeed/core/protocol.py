@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..results import Flag, FlagKind
 from .client import (
     CHUNK_COUNT,
     EXACT,
@@ -53,11 +54,7 @@ from .prompts import PromptFactory
 from .replicas import ReplicaSet, sum_snapshots
 from .server_figures import (
     ALL_FAMILIES,
-    BUSY_PREFIX,
     GAUGE_FAMILIES,
-    REFUSED_PREFIX,
-    UNPARSED_PREFIX,
-    WENT_BACK_PREFIX,
     ServerFigures,
     ServerSnapshot,
     combine,
@@ -320,7 +317,7 @@ class DecodeResult:
     aborted: str | None = None  # why the cell stopped early
     aborted_setting: str | None = None  # the setting that may fix it ("timeout")
     error_settings: frozenset[str] = frozenset()  # settings that may fix failed requests
-    token_note: str | None = None  # how the tokens were counted, when not from continuous usage
+    token_flag: Flag | None = None  # how the tokens were counted, when not from continuous usage
     received_span: tuple[int, int] | None = None
     window: tuple[float, float] = (0.0, 0.0)  # perf_counter times the window opened and closed
     received_chunks: int = 0  # token-carrying chunks of all streams
@@ -342,15 +339,28 @@ class DecodeResult:
     client_lag: LoopLag | None = None
     client_processes: int = 1  # the client processes that read the cell's streams
     client_cpu: float | None = None  # cores they used over the window, together
-    notes: tuple[str, ...] = ()  # more to know about the cell (the client processes used)
+    #: the server's values over the window: busy at its start, /metrics that did not parse,
+    #: values refused, counters that went back (:func:`_window_flags`)
+    flags: tuple[Flag, ...] = ()
+    notes: tuple[str, ...] = ()  # more to know about the cell, in words (the client processes)
 
     @property
     def error_rate(self) -> float:
         return sum(self.errors.values()) / max(self.stats.requests, 1)
 
     @property
-    def client_note(self) -> str | None:
+    def token_note(self) -> str | None:
+        """How the tokens were counted, in words (``tokens: …``), when not from usage."""
+        return None if self.token_flag is None else self.token_flag.text()
+
+    @property
+    def client_flag(self) -> Flag | None:
         """The client could not keep up with the server (its event loop behind)."""
+        return self.client_lag.flag() if self.client_lag is not None else None
+
+    @property
+    def client_note(self) -> str | None:
+        """:attr:`client_flag` in words."""
         return self.client_lag.note() if self.client_lag is not None else None
 
 
@@ -395,7 +405,7 @@ async def run_decode(
     The streams are counted as they arrive (:class:`~.wire.StreamTally`) and stop reading once
     the window has closed (after the close's ``/metrics`` read, the referee's, when there is
     one). A heartbeat measures how late the event loop runs: a client that cannot keep up
-    with the server says so (``DecodeResult.client_note``). ``keep_reads``: every stream's raw
+    with the server says so (``DecodeResult.client_flag``). ``keep_reads``: every stream's raw
     reads kept too (tests that compare the wire with the server's record).
 
     ``processes`` above 1: the streams are split over that many client processes (at most
@@ -429,7 +439,7 @@ async def run_decode(
     records = streams.records
     loop = asyncio.get_running_loop()
 
-    busy: str | None = None
+    busy: Flag | None = None
     if watch_metrics:
         # Requests the previous cell cancelled may still run on the server (an engine notices a
         # closed stream late): start when it is idle, so they neither slow nor count in this cell.
@@ -541,11 +551,8 @@ async def run_decode(
         client_lag=max(lags, key=lambda lag: (lag.late_s, lag.max_ms)) if lags else None,
         client_cpu=sum(x.cpu_share or 0.0 for x in lags) if lags else None,
         client_processes=used,
-        notes=(
-            *result.notes,
-            *_window_notes(
-                busy, (read_open, polls, read_close), (server_open, server_polls, server_close)
-            ),
+        flags=_window_flags(
+            busy, (read_open, polls, read_close), (server_open, server_polls, server_close)
         ),
     )
 
@@ -764,11 +771,11 @@ def _received_between(records: list[StreamRecord], t0: float, t1: float) -> int:
     return total
 
 
-async def _wait_idle(conn: Connection | ReplicaSet, timeout: float) -> str | None:
+async def _wait_idle(conn: Connection | ReplicaSet, timeout: float) -> Flag | None:
     """Poll /metrics until no request runs or waits, ``timeout`` seconds at most in all (each
     read bounded by what is left of it). None when the server got idle or cannot say (no
     /metrics, no running gauge, gauges that are NaN or negative: unknown, not busy, or no
-    answer in time); else the cell's note, ``server busy at the window's start: R running, W
+    answer in time); else the cell's flag, ``FlagKind.SERVER_BUSY`` with ``R running, W
     waiting after waiting S s`` (the cell runs: docs/metrics.md, "A busy server")."""
     start = time.perf_counter()
     deadline = start + timeout
@@ -787,23 +794,24 @@ async def _wait_idle(conn: Connection | ReplicaSet, timeout: float) -> str | Non
     if last is None:
         return None
     waiting = "?" if last.waiting is None else f"{last.waiting:g}"
-    return (
-        f"{BUSY_PREFIX}{last.running:g} running, {waiting} waiting after waiting "
-        f"{time.perf_counter() - start:.1f} s"
+    return Flag(
+        FlagKind.SERVER_BUSY,
+        f"{last.running:g} running, {waiting} waiting after waiting "
+        f"{time.perf_counter() - start:.1f} s",
     )
 
 
-def _window_notes(
-    busy: str | None,
+def _window_flags(
+    busy: Flag | None,
     reads: tuple[MetricsRead | None, Sequence[MetricsRead], MetricsRead | None],
     snapshots: tuple[ServerSnapshot | None, Sequence[ServerSnapshot], ServerSnapshot | None],
-) -> tuple[str, ...]:
-    """A decode cell's notes on its server's values: busy at the window's start, a /metrics
+) -> tuple[Flag, ...]:
+    """A decode cell's flags on its server's values: busy at the window's start, a /metrics
     read that did not parse (the first, with its line), series refused (NaN, infinite,
     negative) and counters that went back (the cell's server figures not kept). ``reads``
     and ``snapshots``: the open's, the polls', the close's (a poll's snapshot only where it
     parsed)."""
-    notes = [busy] if busy else []
+    flags = [busy] if busy else []
     read_open, polls, read_close = reads
     open_, server_polls, close = snapshots
     answered = [p for p in polls if None not in p.texts]
@@ -815,20 +823,17 @@ def _window_notes(
             continue
         problem = next((_unparsed(t) for t in read.texts if t and _unparsed(t)), None)
         if problem:
-            notes.append(UNPARSED_PREFIX + problem)
+            flags.append(Flag(FlagKind.METRICS_UNPARSED, problem))
             break
     known = [s for s in (open_, *server_polls, close) if s is not None]
     refused = refused_note(known)
     if refused:
-        notes.append(f"{REFUSED_PREFIX}{refused} (taken as not exposed in this cell)")
+        flags.append(Flag(FlagKind.SERVER_VALUES_REFUSED, refused))
     if open_ is not None and close is not None:
         back = went_back(open_, server_polls, close)
         if back:
-            notes.append(
-                f"{WENT_BACK_PREFIX}{back} (the server restarted, or its counters are not "
-                "to be trusted)"
-            )
-    return tuple(notes)
+            flags.append(Flag(FlagKind.SERVER_WENT_BACK, back))
+    return tuple(flags)
 
 
 def _unparsed(text: str) -> str | None:
@@ -923,7 +928,7 @@ def _decode_result(
         max_output=max_output,
         stats=stats,
         token_accounting=accounting.method,
-        token_note=accounting.note,
+        token_flag=accounting.flag,
         early_stops=early,
         errors=dict(errors),
         received_tokens=received,
@@ -972,9 +977,14 @@ class Accounting:
     """How a cell's tokens were counted: the weakest method any request needed, in words."""
 
     method: str
-    note: str | None = None
+    flag: Flag | None = None  # ``FlagKind.TOKENS``: how, when not from continuous usage
     ratio: float | None = None  # tokens per chunk used for the requests it estimated
     ratio_rel_error: float | None = None  # its relative standard error
+
+    @property
+    def note(self) -> str | None:
+        """The flag in words (``tokens: …``)."""
+        return None if self.flag is None else self.flag.text()
 
 
 def complete_accounting(records: list[StreamRecord]) -> Accounting:
@@ -990,7 +1000,7 @@ def complete_accounting(records: list[StreamRecord]) -> Accounting:
             return Accounting(USAGE)
         method = FINAL_USAGE if FINAL_USAGE in methods else MAX_TOKENS
         how = "final usage" if method == FINAL_USAGE else "max_tokens at finish_reason length"
-        return Accounting(method, f"tokens: {how}, spread over chunks")
+        return Accounting(method, Flag(FlagKind.TOKENS, f"{how}, spread over chunks"))
     basis = [r for r in exact if r.count_method != USAGE] or exact
     if not basis and all(r.tokenized is not None for r in unknown):
         for r in unknown:
@@ -998,17 +1008,23 @@ def complete_accounting(records: list[StreamRecord]) -> Accounting:
             r.count_method = TOKENIZE
         return Accounting(
             TOKENIZE,
-            f"tokens: {_unknown_words(unknown)} counted with the server's tokenizer on the "
-            "text received (no usage, no request finished at max_tokens)",
+            Flag(
+                FlagKind.TOKENS,
+                f"{_unknown_words(unknown)} counted with the server's tokenizer on the text "
+                "received (no usage, no request finished at max_tokens)",
+            ),
         )
     if not basis:
         for r in unknown:
             r.count_method = CHUNK_COUNT
         return Accounting(
             CHUNK_COUNT,
-            "tokens: ONE TOKEN PER CHUNK ASSUMED (no usage, no request finished at max_tokens, "
-            "no tokenize route to count the text): "
-            "an estimate that undercounts multi-token chunks",
+            Flag(
+                FlagKind.TOKENS,
+                "ONE TOKEN PER CHUNK ASSUMED (no usage, no request finished at max_tokens, "
+                "no tokenize route to count the text): "
+                "an estimate that undercounts multi-token chunks",
+            ),
         )
     per_request = [r.n_tokens / r.chunks for r in basis]
     ratio = sum(r.n_tokens for r in basis) / sum(r.chunks for r in basis)
@@ -1019,11 +1035,11 @@ def complete_accounting(records: list[StreamRecord]) -> Accounting:
         k = len(r.token_counts)
         r.token_counts = spread(round(k * ratio), k)
         r.count_method = RATIO
-    note = (
-        f"tokens: {_unknown_words(unknown)} estimated at {ratio:.2f} "
+    how = (
+        f"{_unknown_words(unknown)} estimated at {ratio:.2f} "
         f"tokens per chunk (±{rel:.1%}, from {len(basis)} request(s) whose totals are exact)"
     )
-    return Accounting(RATIO, note, ratio, rel)
+    return Accounting(RATIO, Flag(FlagKind.TOKENS, how), ratio, rel)
 
 
 def _unknown_words(unknown: list[StreamRecord]) -> str:

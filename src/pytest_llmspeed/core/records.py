@@ -105,7 +105,8 @@ def decode_record(
         replica_tok_s=tuple(round(x, 2) for x in result.replica_tok_s)
         if result.replica_tok_s
         else None,
-        notes=tuple(n for n in (result.token_note, result.client_note, *result.notes) if n),
+        flags=tuple(f for f in (result.token_flag, result.client_flag, *result.flags) if f),
+        notes=result.notes,
         total_tok_s_ci=_ci(s.total_ci, 2),
         per_request_tok_s_ci=_ci(s.per_request_ci, 2),
         ttft_ms_ci=_ci(s.ttft_ci, 2),

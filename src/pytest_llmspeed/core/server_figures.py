@@ -50,13 +50,6 @@ __all__ = [
     "window_figures",
 ]
 
-#: the beginnings of a decode cell's notes on its server's values (``DecodeResult.notes``),
-#: which ``report/notes.py`` groups by kind
-BUSY_PREFIX = "server busy at the window's start: "
-REFUSED_PREFIX = "server values that are not figures: "
-WENT_BACK_PREFIX = "server figures not kept: "
-UNPARSED_PREFIX = "/metrics did not parse: "
-
 Kind = Literal["counter", "gauge", "histogram"]
 Samples = Mapping[str, Sequence[tuple[Mapping[str, str], float]]]
 

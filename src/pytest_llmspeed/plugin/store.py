@@ -137,13 +137,14 @@ def _known_out(text: str | None) -> str | None:
 
 def _safe(rec: CellRecord) -> CellRecord:
     """A record as it is kept: every known secret and control character out of its words
-    (the reason, the notes, the failed requests' summary: a server's error echoed there may
-    hold the key), before anything stores, prints or cuts them."""
+    (the reason, the notes, the flags' details, the failed requests' summary: a server's
+    error echoed there may hold the key), before anything stores, prints or cuts them."""
     summary = rec.error_summary
     return dataclasses.replace(
         rec,
         reason=None if rec.reason is None else printable(rec.reason),
         notes=tuple(printable(n) for n in rec.notes),
+        flags=tuple(dataclasses.replace(f, detail=printable(f.detail)) for f in rec.flags),
         error_summary=None if summary is None else _merged(summary),
     )
 

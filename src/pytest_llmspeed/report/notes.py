@@ -7,8 +7,9 @@ Each kind is said once, with the cells it concerns and each cell's own figure:
 
 (one line in the terminal). A cell's own row (the page's "All measurements") gets the short
 form: ``queued: 11.2 < 16``.
-Pure functions of :class:`~pytest_llmspeed.results.CellRecord` s; the terminal summary, the
-Markdown step summary and the page render what :func:`by_kind` returns.
+Pure functions of :class:`~pytest_llmspeed.results.CellRecord` s, of their figures and their
+typed flags (``CellRecord.flags``), never of a note's text; the terminal summary, the Markdown
+step summary and the page render what :func:`by_kind` returns.
 """
 
 from __future__ import annotations
@@ -16,15 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..core.heartbeat import CLIENT_PREFIX
 from ..core.intervals import LITTLE_TOLERANCE, counter_gap, drift_noted
-from ..core.server_figures import (
-    BUSY_PREFIX,
-    REFUSED_PREFIX,
-    UNPARSED_PREFIX,
-    WENT_BACK_PREFIX,
-)
-from ..results import CellRecord, Phase
+from ..results import CellRecord, FlagKind, Phase
 
 #: token accountings that are estimates: the counter's disagreement fails such a cell
 ESTIMATED = ("chunk-count", "ratio", "tokenize")
@@ -113,19 +107,20 @@ KINDS = (
     SERVER_VALUES,
     SERVER_WENT_BACK,
 )
-#: kinds read from a cell's own notes: (kind, the note's beginning, where its detail ends)
-_FROM_NOTES = (
-    (METRICS_UNPARSED, UNPARSED_PREFIX, None),
-    (SERVER_VALUES, REFUSED_PREFIX, " (taken as"),
-    (SERVER_WENT_BACK, WENT_BACK_PREFIX, " (the server restarted"),
-)
-#: kinds a cell's own row only names (its notes, shown beside, say the rest)
+#: the kinds a cell's flags give (``CellRecord.flags``), said after the kinds from its figures
+_FROM_FLAGS = {
+    FlagKind.METRICS_UNPARSED: METRICS_UNPARSED,
+    FlagKind.SERVER_VALUES_REFUSED: SERVER_VALUES,
+    FlagKind.SERVER_WENT_BACK: SERVER_WENT_BACK,
+}
+#: kinds a cell's own row only names (its flags' words, shown beside, say the rest)
 _NAMED = (SERVER_BUSY, METRICS_UNPARSED, SERVER_VALUES, SERVER_WENT_BACK)
+#: flags a cell's own row says in full in its note (:func:`cell_flags`), not again in words
+SAID_IN_ROW = frozenset({FlagKind.CLIENT_BEHIND})
 
 
-def _detail(note: str, prefix: str, end: str | None) -> str:
-    detail = note.removeprefix(prefix)
-    return detail.split(end, 1)[0] if end else detail
+def _details(c: CellRecord, kind: FlagKind) -> list[str]:
+    return [f.detail for f in c.flags if f.kind is kind]
 
 
 @dataclass(frozen=True)
@@ -138,23 +133,14 @@ def cell_notes(c: CellRecord) -> list[CellNote]:
     """The notes of one decode cell, in the order of :data:`KINDS` (none for a prefill cell)."""
     if c.phase is not Phase.DECODE:
         return []
-    notes = [
-        CellNote(CLIENT_BEHIND, n.removeprefix(CLIENT_PREFIX))
-        for n in c.notes
-        if n.startswith(CLIENT_PREFIX)
-    ]
-    notes += [CellNote(SERVER_BUSY, _detail(n, BUSY_PREFIX, None)) for n in c.notes
-              if n.startswith(BUSY_PREFIX)]  # fmt: skip
+    notes = [CellNote(CLIENT_BEHIND, d) for d in _details(c, FlagKind.CLIENT_BEHIND)]
+    notes += [CellNote(SERVER_BUSY, d) for d in _details(c, FlagKind.SERVER_BUSY)]
     if c.queued:
         notes.append(CellNote(QUEUED, f"{c.effective_concurrency} < {c.concurrency}"))
     if c.tokens == "chunk-count":
         notes.append(CellNote(CHUNK_COUNT))
     elif c.tokens in ("ratio", "tokenize"):
-        notes += [
-            CellNote(TOKENS_ESTIMATED, n.removeprefix("tokens: "))
-            for n in c.notes
-            if n.startswith("tokens: ")
-        ]
+        notes += [CellNote(TOKENS_ESTIMATED, d) for d in _details(c, FlagKind.TOKENS)]
     if c.early_stops:
         notes.append(CellNote(EARLY_STOPS, str(c.early_stops)))
     cv = c.stability_cv or 0.0
@@ -191,8 +177,8 @@ def cell_notes(c: CellRecord) -> list[CellNote]:
     refuted = (c.reason or "").startswith("the server's generation counter")  # failed for it
     if gap is not None and not refuted and c.tokens not in ESTIMATED:
         notes.append(CellNote(COUNTER_LAG, f"{gap:+.1%}".replace("-", "−")))
-    for kind, prefix, end in _FROM_NOTES:
-        notes += [CellNote(kind, _detail(n, prefix, end)) for n in c.notes if n.startswith(prefix)]
+    for flag_kind, kind in _FROM_FLAGS.items():
+        notes += [CellNote(kind, d) for d in _details(c, flag_kind)]
     return notes
 
 
@@ -203,6 +189,13 @@ def cell_flags(c: CellRecord) -> list[str]:
     return [
         n.kind.short if n.kind in named else f"{n.kind.short}: {n.detail}" for n in cell_notes(c)
     ]
+
+
+def row_notes(c: CellRecord) -> list[str]:
+    """What a cell's own row says of it: its notes in short (:func:`cell_flags`), its flags in
+    words (but those the short form says in full), then its other notes."""
+    words = [f.text() for f in c.flags if f.kind not in SAID_IN_ROW]
+    return [*cell_flags(c), *words, *c.notes]
 
 
 def by_kind(cells: Iterable[CellRecord]) -> list[tuple[NoteKind, list[tuple[str, str]]]]:

@@ -16,12 +16,11 @@ from importlib import resources
 from typing import Any
 
 from .. import figures
-from ..core.heartbeat import CLIENT_PREFIX
 from ..core.text import for_person
 from ..results import CellRecord, Outcome, Phase, Results, Status, order_contexts
 from .charts import Series, line_chart
 from .compare import Comparison, Verdict, change_matrix, fmt_change
-from .notes import by_kind, cell_flags, which
+from .notes import by_kind, row_notes, which
 from .server import not_exposed
 from .server import table as server_table
 from .terminal import fmt_ms, fmt_rate, further_figures, pm
@@ -374,7 +373,7 @@ def _details(cells: list[CellRecord]) -> list[list[str]]:
 
     rows = []
     for c in cells:
-        notes = [*cell_flags(c), *(n for n in c.notes if not n.startswith(CLIENT_PREFIX))]
+        notes = row_notes(c)
         if c.replica_tok_s:
             notes.append(
                 "per replica " + " · ".join(f"{fmt_rate(x)} tok/s" for x in c.replica_tok_s)
