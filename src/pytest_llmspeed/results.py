@@ -608,6 +608,7 @@ class FlagKind(StrEnum):
     SERVER_WENT_BACK = "server_went_back"
 
 
+_FLAG_KINDS = frozenset(k.value for k in FlagKind)
 #: each kind's words around its detail, as the cell's note reads: (before, after)
 _FLAG_WORDS = {
     FlagKind.TOKENS: ("tokens: ", ""),
@@ -634,6 +635,10 @@ class Flag:
     kind: FlagKind | str
     detail: str = ""
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, FlagKind) and self.kind in _FLAG_KINDS:  # as its word
+            object.__setattr__(self, "kind", FlagKind(self.kind))
+
     def text(self) -> str:
         """The note in words, as the cell's notes said it before flags were typed."""
         if not isinstance(self.kind, FlagKind):
@@ -646,12 +651,8 @@ class Flag:
 
     @classmethod
     def from_v1(cls, data: Mapping[str, Any]) -> Flag:
-        kind = str(data["kind"])
-        try:
-            known: FlagKind | str = FlagKind(kind)
-        except ValueError:  # a later version's kind: kept, shown in its own words
-            known = kind
-        return cls(known, str(data.get("detail", "")))
+        """A flag as the file has it (a later version's kind: kept, shown in its own words)."""
+        return cls(str(data["kind"]), str(data.get("detail", "")))
 
 
 def flags_of_notes(notes: Iterable[str]) -> tuple[tuple[Flag, ...], tuple[str, ...]]:

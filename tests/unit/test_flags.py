@@ -157,3 +157,9 @@ def test_the_reports_say_the_same_words_for_a_cell_built_either_way():
     assert row_notes(new) == row_notes(old) == before
     assert cell_flags(new)[:3] == [f"client behind: {CLIENT}", "server busy", "tokens estimated"]
     assert _details([new]) == _details([old])
+
+
+def test_a_kind_given_as_its_word_is_that_kind():
+    flag = Flag("server_busy", BUSY)
+    assert flag.kind is FlagKind.SERVER_BUSY and flag == Flag(FlagKind.SERVER_BUSY, BUSY)
+    assert flag.text() == f"server busy at the window's start: {BUSY}"

@@ -119,8 +119,8 @@ _NAMED = (SERVER_BUSY, METRICS_UNPARSED, SERVER_VALUES, SERVER_WENT_BACK)
 SAID_IN_ROW = frozenset({FlagKind.CLIENT_BEHIND})
 
 
-def _details(c: CellRecord, kind: FlagKind) -> list[str]:
-    return [f.detail for f in c.flags if f.kind is kind]
+def _flag_details(c: CellRecord, kind: FlagKind) -> list[str]:
+    return [f.detail for f in c.flags if f.kind == kind]
 
 
 @dataclass(frozen=True)
@@ -133,14 +133,14 @@ def cell_notes(c: CellRecord) -> list[CellNote]:
     """The notes of one decode cell, in the order of :data:`KINDS` (none for a prefill cell)."""
     if c.phase is not Phase.DECODE:
         return []
-    notes = [CellNote(CLIENT_BEHIND, d) for d in _details(c, FlagKind.CLIENT_BEHIND)]
-    notes += [CellNote(SERVER_BUSY, d) for d in _details(c, FlagKind.SERVER_BUSY)]
+    notes = [CellNote(CLIENT_BEHIND, d) for d in _flag_details(c, FlagKind.CLIENT_BEHIND)]
+    notes += [CellNote(SERVER_BUSY, d) for d in _flag_details(c, FlagKind.SERVER_BUSY)]
     if c.queued:
         notes.append(CellNote(QUEUED, f"{c.effective_concurrency} < {c.concurrency}"))
     if c.tokens == "chunk-count":
         notes.append(CellNote(CHUNK_COUNT))
     elif c.tokens in ("ratio", "tokenize"):
-        notes += [CellNote(TOKENS_ESTIMATED, d) for d in _details(c, FlagKind.TOKENS)]
+        notes += [CellNote(TOKENS_ESTIMATED, d) for d in _flag_details(c, FlagKind.TOKENS)]
     if c.early_stops:
         notes.append(CellNote(EARLY_STOPS, str(c.early_stops)))
     cv = c.stability_cv or 0.0
@@ -178,7 +178,7 @@ def cell_notes(c: CellRecord) -> list[CellNote]:
     if gap is not None and not refuted and c.tokens not in ESTIMATED:
         notes.append(CellNote(COUNTER_LAG, f"{gap:+.1%}".replace("-", "−")))
     for flag_kind, kind in _FROM_FLAGS.items():
-        notes += [CellNote(kind, d) for d in _details(c, flag_kind)]
+        notes += [CellNote(kind, d) for d in _flag_details(c, flag_kind)]
     return notes
 
 
