@@ -10,7 +10,7 @@ import pytest
 
 from pytest_llmspeed.core import intervals
 from pytest_llmspeed.gate import noise
-from pytest_llmspeed.quantiles import _beta_regularized, normal_quantile, t_cdf, t_quantile
+from pytest_llmspeed.quantiles import _beta_regularized, _t, normal_quantile, t_cdf, t_quantile
 
 
 @pytest.mark.parametrize(
@@ -51,3 +51,13 @@ def test_the_core_and_the_gate_use_the_same_one() -> None:
     assert math.isclose(intervals._z(0.9), normal_quantile(0.9))
     with pytest.raises(ValueError):
         t_quantile(0.975, 0.5)
+
+
+def test_many_degrees_of_freedom_take_the_expansion_as_exact_as_the_bisection() -> None:
+    # from 100 degrees of freedom on, A&S 26.7.5 in 1/df; the CDF's bisection below (and as
+    # the reference here); a history asks for hundreds of them (docs/history.md)
+    for p in (0.6, 0.9, 0.975, 0.99, 0.995, 0.9995, 0.99998):
+        for df in (100, 101, 150.5, 300, 1000, 10**5):
+            assert t_quantile(p, df) == pytest.approx(_t(p, float(df)), rel=2e-7)
+    below, above = t_quantile(0.99, 99), t_quantile(0.99, 100)
+    assert 0 < below - above < 1e-3  # no step where the method changes
