@@ -1194,6 +1194,28 @@ def _umask() -> int:
 
 def loads(text: str, source: str = "<string>") -> Results:
     """Results from the text of a results file; ResultsError names ``source`` and the problem."""
+    doc = parse(text, source)
+    try:
+        run = RunInfo.from_v1(doc.get("run") or {})
+        cells = tuple(CellRecord.from_v1(c) for c in doc.get("cells") or ())
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        raise malformed(source, exc) from None
+    ab = doc.get("ab")
+    if ab is not None and not (isinstance(ab, dict) and isinstance(ab.get("cells"), dict)):
+        raise ResultsError(f"{source}: a malformed results file ('ab' is not an A/B's record)")
+    return Results(run, cells, ab)
+
+
+def malformed(source: str, exc: Exception) -> ResultsError:
+    """The error of a results file whose document does not read as the model (``exc``)."""
+    return ResultsError(f"{source}: a malformed results file ({type(exc).__name__}: {exc})")
+
+
+def parse(text: str, source: str = "<string>") -> dict[str, Any]:
+    """The document of a results file, its schema checked (a version this reader reads), not
+    yet read as the model: for a reader that needs a few keys of many files (the history,
+    ``history/``), where building every record costs more than the JSON. ResultsError names
+    ``source`` and the problem."""
     try:
         doc = json.loads(text, parse_constant=_no_constant)
     except ValueError as exc:
@@ -1217,17 +1239,7 @@ def loads(text: str, source: str = "<string>") -> Results:
             f"{source}: results schema v{version} is newer than this pytest-llmspeed reads "
             f"(v{max(READABLE_VERSIONS)}): upgrade pytest-llmspeed to read it"
         )
-    try:
-        run = RunInfo.from_v1(doc.get("run") or {})
-        cells = tuple(CellRecord.from_v1(c) for c in doc.get("cells") or ())
-    except (KeyError, ValueError, TypeError, AttributeError) as exc:
-        raise ResultsError(
-            f"{source}: a malformed results file ({type(exc).__name__}: {exc})"
-        ) from None
-    ab = doc.get("ab")
-    if ab is not None and not (isinstance(ab, dict) and isinstance(ab.get("cells"), dict)):
-        raise ResultsError(f"{source}: a malformed results file ('ab' is not an A/B's record)")
-    return Results(run, cells, ab)
+    return doc
 
 
 #: the constants Python's json reads that are not JSON (the writer never emits them)
@@ -1240,14 +1252,18 @@ def _no_constant(name: str) -> float:
 
 def load(path: str | os.PathLike[str]) -> Results:
     """Read a results file written by any version of pytest-llmspeed."""
+    return loads(text_of(path), str(Path(path)))
+
+
+def text_of(path: str | os.PathLike[str]) -> str:
+    """The text of a results file; ResultsError when it cannot be read."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ResultsError(f"{p}: no such results file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ResultsError(f"{p}: cannot read the results file: {exc}") from None
-    return loads(text, str(p))
 
 
 def order_contexts(cells: Iterable[CellRecord]) -> list[str]:

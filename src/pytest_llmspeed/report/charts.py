@@ -26,15 +26,17 @@ class Series:
     points: tuple[tuple[float, float], ...]  # (x, y), x ascending
 
 
-def nice_ticks(top: float, count: int = 5) -> list[float]:
-    """Round tick values from 0 to at least ``top`` (1, 2 or 5 times a power of ten apart)."""
-    if top <= 0 or not math.isfinite(top):
-        return [0.0, 1.0]
-    raw = top / count
+def nice_ticks(top: float, count: int = 5, bottom: float = 0.0) -> list[float]:
+    """Round tick values from ``bottom`` (0: from 0; else the round value at or below it) to
+    at least ``top`` (1, 2 or 5 times a power of ten apart)."""
+    if top <= bottom or not math.isfinite(top) or not math.isfinite(bottom):
+        return [0.0, 1.0] if bottom == 0 else [bottom, bottom + 1.0]
+    raw = (top - bottom) / count
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first = math.floor(bottom / step + 1e-9)
     n = math.ceil(top / step - 1e-9)
-    return [i * step for i in range(n + 1)]
+    return [i * step for i in range(first, n + 1)]
 
 
 def fmt_number(v: float) -> str:
