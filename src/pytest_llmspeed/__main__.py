@@ -2,13 +2,16 @@
 
     python -m pytest_llmspeed report RESULTS.json -o PAGE.html
     python -m pytest_llmspeed compare OLD.json NEW.json [--html PAGE.html] [--markdown OUT.md]
+    python -m pytest_llmspeed history FILES…|DIR [--html PAGE.html] [--json OUT.json]
 
 The formats a run can be written as are those of ``report.outputs`` (``-o`` picks one by the
 file's suffix, ``compare`` has an option for each). Reads any results file pytest-llmspeed has
 written (``results.load``). ``compare`` judges each cell as the stored-baseline gate would
-(gate/judge.py's four verdicts: regressed, improved, same, unknown). Exit status: 0, or 1
-when ``compare`` finds a regression (or a cell too noisy to tell, with ``--unknown=fail``), 2
-on bad input (one line saying what and what to do). No pytest import.
+(gate/judge.py's four verdicts: regressed, improved, same, unknown); ``history`` finds the
+change points of each cell over many runs (docs/history.md). Exit status: 0, or 1 when
+``compare`` finds a regression (or a cell too noisy to tell, with ``--unknown=fail``) or the
+newest segment of a cell regressed in ``history``, 2 on bad input (one line saying what and
+what to do). No pytest import.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ if TYPE_CHECKING:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pytest_llmspeed",
-        description="The speed-test page and the comparison of two runs, from results files.",
+        description="The speed-test page, the comparison of two runs and the history of many, "
+        "from results files.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     report = sub.add_parser("report", help="render the page of a results file")
@@ -59,12 +63,10 @@ def main(argv: list[str] | None = None) -> int:
             help=f"also write {output.help} of the new run, with the comparison",
         )
     cmp.add_argument("--markdown", help="also write the comparison as Markdown")
-    cmp.add_argument(
-        "--tolerance",
-        type=float,
-        default=0.05,
-        help="the change tolerated, a fraction (default 0.05): a cell is regressed when worse "
-        "by more beyond the noise, same when shown within it",
+    _tolerance(
+        cmp,
+        "the change tolerated, a fraction (default 0.05): a cell is regressed when worse by "
+        "more beyond the noise, same when shown within it",
     )
     cmp.add_argument(
         "--unknown",
@@ -72,6 +74,23 @@ def main(argv: list[str] | None = None) -> int:
         default="warn",
         help="what a cell too noisy to tell does to the exit status: warn (exit 0, the cells "
         "named) or fail (exit 1), as --llm-unknown (default: warn)",
+    )
+    hist = sub.add_parser(
+        "history",
+        help="the history of each cell over many runs, with its change points (docs/history.md)",
+    )
+    hist.add_argument(
+        "paths",
+        nargs="+",
+        metavar="FILES|DIR",
+        help="results files, or folders: every results file under them (CI artifacts of many runs)",
+    )
+    hist.add_argument("--html", help="also write the history's page (one self-contained file)")
+    hist.add_argument("--json", help="also write the history as JSON")
+    _tolerance(
+        hist,
+        "the smallest change reported, a fraction (default 0.05, the gate's): a change point "
+        "is kept when the judge calls it regressed or improved at this tolerance",
     )
     args = parser.parse_args(argv)
     try:
@@ -84,9 +103,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _tolerance(parser: argparse.ArgumentParser, words: str) -> None:
+    parser.add_argument("--tolerance", type=float, default=0.05, help=words)
+
+
 def _run(args: argparse.Namespace) -> int:
     from .report.compare import compare, lines, markdown
 
+    if args.command == "history":
+        return _history(args)
     if args.command == "report":
         output = by_suffix(args.output)
         output.write(load(args.results), None, args.output)
@@ -118,6 +143,24 @@ def _written(
         if path:
             output.write(results, comparison, path)
             print(f"{output.label}: {path}")
+
+
+def _history(args: argparse.Namespace) -> int:
+    """``history FILES…|DIR``: the summary, the page and JSON asked for; exit 1 when the
+    newest segment of a cell's figure regressed."""
+    from .history import build
+    from .report.history import lines, render, write_json
+
+    found = build(args.paths, args.tolerance)
+    for line in lines(found):
+        print(line)
+    if args.html:
+        render(found).write(args.html)
+        print(f"page: {args.html}")
+    if args.json:
+        write_json(found, args.json)
+        print(f"json: {args.json}")
+    return found.exit_status()
 
 
 def _ab(args: argparse.Namespace) -> int:
