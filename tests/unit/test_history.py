@@ -260,3 +260,11 @@ def test_runs_are_ordered_by_when_they_started_not_by_name(template, tmp_path):
         r.started for r in history.current.runs
     )
     assert all(f.regressed for f in figures_of(history))
+
+
+def test_one_run_is_a_history_too_of_one_point_per_cell(template, tmp_path):
+    (path,) = derive_(template, tmp_path / "runs", 1, noisy(16))
+    run = cli(str(path), "--html", str(tmp_path / "one.html"))
+    assert run.returncode == 0, run.stderr
+    assert "measured in fewer than two runs" in run.stdout
+    assert (tmp_path / "one.html").read_text().count('<svg class="chart history"') == 14

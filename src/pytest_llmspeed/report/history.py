@@ -259,8 +259,8 @@ def chart(series: Series, f: FigureHistory, width: int = 380, height: int = 210)
     )
     lows = np.fmin(np.where(np.isnan(bounds[:, 0]), values, bounds[:, 0]), values)
     highs = np.fmax(np.where(np.isnan(bounds[:, 1]), values, bounds[:, 1]), values)
-    lo_v = min(float(lows.min()), *(s.low for s in f.segments))
-    hi_v = max(float(highs.max()), *(s.high for s in f.segments))
+    lo_v = min([float(lows.min()), *(s.low for s in f.segments)])
+    hi_v = max([float(highs.max()), *(s.high for s in f.segments)])
     pad = (hi_v - lo_v) * 0.08 or abs(hi_v) * 0.05 or 1.0
     ticks = nice_ticks(hi_v + pad, 4, max(lo_v - pad, 0.0))
     y0, y1 = ticks[0], ticks[-1]
