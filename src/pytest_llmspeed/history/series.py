@@ -15,7 +15,7 @@ import json
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -274,7 +274,6 @@ class History:
     tolerance: float
     skipped: int = 0
     files: int = 0
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def current(self) -> Series:
