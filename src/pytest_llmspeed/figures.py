@@ -16,8 +16,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
-#: the phase of the cells that record a figure
-Where = Literal["prefill", "decode", "both"]
+#: the phase of the cells that record a figure: "both" is prefill and decode, "open" the
+#: open-loop cells (rate and trace: docs/workloads.md)
+Where = Literal["prefill", "decode", "both", "open"]
+#: the phases of the open-loop cells
+OPEN_PHASES = ("rate", "trace")
 
 
 class Gate(StrEnum):
@@ -60,8 +63,10 @@ class Figure:
         return f"{self.key}_ci"
 
     def in_phase(self, phase: str) -> bool:
-        """Recorded by cells of ``phase`` ("prefill", "decode", or a Phase)."""
-        return self.phase == "both" or self.phase == phase
+        """Recorded by cells of ``phase`` ("prefill", "decode", "rate", "trace", or a Phase)."""
+        if self.phase == "open":
+            return phase in OPEN_PHASES
+        return self.phase == phase or (self.phase == "both" and phase in ("prefill", "decode"))
 
 
 _F = Figure
@@ -144,6 +149,45 @@ FIGURES: tuple[Figure, ...] = (
         listed=True,
     ),
     _F("bandwidth_from", "decode", "bandwidth from", kind=str, optional=True),
+    # open-loop cells (docs/workloads.md): latencies from each request's scheduled send, and
+    # from its actual send beside them
+    _F(
+        "sched_ttft_ms",
+        "open",
+        "TTFT from the scheduled send ms",
+        "ms",
+        gate=_CEILING,
+        ci=True,
+        headline=True,
+    ),
+    _F("sched_ttft_p90_ms", "open", "TTFT p90 from the scheduled send ms", "ms"),
+    _F("sched_ttft_p99_ms", "open", "TTFT p99 from the scheduled send ms", "ms"),
+    _F("sent_ttft_ms", "open", "TTFT from the actual send ms", "ms", listed=True),
+    _F("sched_e2e_ms", "open", "end-to-end from the scheduled send ms", "ms", ci=True, listed=True),
+    _F("sched_e2e_p90_ms", "open", "end-to-end p90 from the scheduled send ms", "ms"),
+    _F("sched_e2e_p99_ms", "open", "end-to-end p99 from the scheduled send ms", "ms"),
+    _F("sent_e2e_ms", "open", "end-to-end from the actual send ms", "ms", listed=True),
+    _F("open_tbt_ms", "open", "time between tokens ms", "ms", digits=3, ci=True),
+    _F("open_output_tok_s", "open", "output tok/s", "tok/s"),
+    _F("offered_rate", "open", "offered rate req/s", "req/s", digits=3, listed=True),
+    _F("achieved_rate", "open", "achieved rate req/s", "req/s", digits=3, listed=True),
+    _F("open_requests", "open", "requests sent", kind=int),
+    _F("open_completed", "open", "requests completed", kind=int),
+    _F("open_failed", "open", "requests failed", kind=int),
+    _F("open_early_stops", "open", "early stops", kind=int),
+    _F("send_lag_p99_ms", "open", "send lag p99 ms", "ms", digits=2, listed=True),
+    _F("max_in_flight", "open", "most requests in flight", kind=int, listed=True),
+    _F("open_span_s", "open", "first scheduled send to last end", "s", digits=3),
+    _F("server_queue_ms", "open", "server queue time ms", "ms", optional=True, listed=True),
+    _F(
+        "expected_hit_share",
+        "open",
+        "prefix-cache share the trace's blocks give",
+        "fraction",
+        digits=4,
+        optional=True,
+        listed=True,
+    ),
 )
 
 
@@ -191,13 +235,19 @@ def gate_of(key: str) -> Gate | None:
 
 def with_interval() -> tuple[Figure, ...]:
     """The figures with a 95 % interval, in the order the intervals are written: the decode
-    cells' figures first, then the prefill cells' only (the order of 0.2, kept)."""
+    cells' figures first, then the prefill cells' only (the order of 0.2, kept), then the
+    open-loop cells'."""
     ci = [f for f in FIGURES if f.ci]
-    return (*[f for f in ci if f.phase != "prefill"], *[f for f in ci if f.phase == "prefill"])
+    return (
+        *[f for f in ci if f.phase not in ("prefill", "open")],
+        *[f for f in ci if f.phase == "prefill"],
+        *[f for f in ci if f.phase == "open"],
+    )
 
 
 def headline(phase: str) -> Figure:
-    """The figure a cell of ``phase`` is compared by (total tok/s, prompt tok/s)."""
+    """The figure a cell of ``phase`` is compared by (total tok/s, prompt tok/s; an open-loop
+    cell's TTFT from the scheduled send)."""
     return next(f for f in FIGURES if f.headline and f.in_phase(phase))
 
 

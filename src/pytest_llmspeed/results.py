@@ -14,7 +14,9 @@ History of the format (``schema`` key):
   ``replica_tok_s`` on a decode cell measured over several replicas, ``improved`` on a check
   that improved, ``flags`` on a cell: the notes that code reads, typed as ``{"kind",
   "detail"}``, which a file before them says in its ``notes``' words, read back by
-  :func:`flags_of_notes`); a reader keeps keys it does not know (``extra``) and writes them
+  :func:`flags_of_notes`; open-loop cells, phases ``rate`` and ``trace`` with ids
+  ``rate[8K-r2]`` and ``trace[NAME]`` and their own figures, docs/workloads.md: a reader
+  before them refuses their ids); a reader keeps keys it does not know (``extra``) and writes them
   back, and leaves out a known key the file lacks (``CellRecord.absent``). The gate's
   verdicts are data: a check read back keeps the verdict it stored (``Check.stored``),
   whatever rule this version judges by. A change of meaning of an existing key is a new major
@@ -79,6 +81,12 @@ class ResultsError(ValueError):
 class Phase(StrEnum):
     PREFILL = "prefill"
     DECODE = "decode"
+    RATE = "rate"  # open loop at an arrival rate (docs/workloads.md)
+    TRACE = "trace"  # open loop at a replayed trace's times
+
+    @property
+    def open_loop(self) -> bool:
+        return self in (Phase.RATE, Phase.TRACE)
 
 
 class Status(Enum):
@@ -144,24 +152,49 @@ def _parse_label(label: str) -> int | str:
     return int(label)
 
 
-_CELL_ID_RE = re.compile(r"^(?:prefill\[(\d+K?|max|limit)\]|decode\[(\d+K?|max)-c([1-9]\d*)\])$")
+_CELL_ID_RE = re.compile(
+    r"^(?:prefill\[(\d+K?|max|limit)\]|decode\[(\d+K?|max)-c([1-9]\d*)\]"
+    r"|rate\[(\d+K?|max)-r(\d+(?:\.\d+)?)\]|trace\[([A-Za-z0-9_.-]{1,64})\])$"
+)
+_TRACE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def rate_label(rate: float) -> str:
+    """A rate as a cell id writes it: ``2``, ``0.5``, ``12.25`` (at most 6 significant
+    digits, never an exponent)."""
+    text = f"{rate:.6f}".rstrip("0").rstrip(".")
+    return text or "0"
 
 
 @dataclass(frozen=True)
 class CellId:
-    """The one codec for cell ids: ``decode[32K-c8]``, ``prefill[max]``.
+    """The one codec for cell ids: ``decode[32K-c8]``, ``prefill[max]``, ``rate[8K-r2]``,
+    ``trace[NAME]``.
 
-    ``context`` is a token count, ``"max"`` or (prefill) ``"limit"``; ``concurrency`` is None
-    for prefill cells.
+    ``context`` is a token count, ``"max"`` or (prefill) ``"limit"``, and for a trace cell the
+    trace's name; ``concurrency`` is None but for decode cells, ``rate`` (requests per second)
+    None but for rate cells.
     """
 
     phase: Phase
     context: int | str
     concurrency: int | None = None
+    rate: float | None = None
 
     def __post_init__(self) -> None:
         if (self.phase is Phase.DECODE) != (self.concurrency is not None):
-            raise ValueError("a decode cell has a concurrency, a prefill cell has none")
+            raise ValueError("a decode cell has a concurrency, other cells have none")
+        if (self.phase is Phase.RATE) != (self.rate is not None):
+            raise ValueError("a rate cell has a rate, other cells have none")
+        if self.rate is not None and not (self.rate > 0 and math.isfinite(self.rate)):
+            raise ValueError(f"a rate cell's rate must be positive, got {self.rate!r}")
+        if self.phase is Phase.TRACE and not (
+            isinstance(self.context, str) and _TRACE_NAME_RE.match(self.context)
+        ):
+            raise ValueError(
+                "a trace cell's name is 1-64 letters, digits, '_', '-' or '.', "
+                f"got {self.context!r}"
+            )
 
     @classmethod
     def prefill(cls, context: int | str) -> CellId:
@@ -172,16 +205,30 @@ class CellId:
         return cls(Phase.DECODE, context, concurrency)
 
     @classmethod
+    def at_rate(cls, context: int | str, rate: float) -> CellId:
+        """The rate cell (context, requests per second); the rate as its id writes it."""
+        return cls(Phase.RATE, context, rate=float(rate_label(rate)))
+
+    @classmethod
+    def trace(cls, name: str) -> CellId:
+        return cls(Phase.TRACE, name)
+
+    @classmethod
     def parse(cls, text: str) -> CellId:
         """``"decode[32K-c8]"`` → CellId; ValueError naming the expected form otherwise."""
         m = _CELL_ID_RE.match(text)
         if not m:
             raise ValueError(
-                f"unknown cell id {text!r}: cell ids look like prefill[8K] or decode[32K-c8]"
+                f"unknown cell id {text!r}: cell ids look like prefill[8K], decode[32K-c8], "
+                "rate[8K-r2] or trace[NAME]"
             )
         if m.group(1) is not None:
             return cls.prefill(_parse_label(m.group(1)))
-        return cls.decode(_parse_label(m.group(2)), int(m.group(3)))
+        if m.group(2) is not None:
+            return cls.decode(_parse_label(m.group(2)), int(m.group(3)))
+        if m.group(4) is not None:
+            return cls.at_rate(_parse_label(m.group(4)), float(m.group(5)))
+        return cls.trace(m.group(6))
 
     @property
     def label(self) -> str:
@@ -190,7 +237,10 @@ class CellId:
 
     @property
     def param_id(self) -> str:
-        """The pytest parameter id: ``32K`` for a prefill cell, ``32K-c8`` for a decode cell."""
+        """The pytest parameter id: ``32K`` for a prefill cell, ``32K-c8`` for a decode cell,
+        ``8K-r2`` for a rate cell, the name for a trace cell."""
+        if self.rate is not None:
+            return f"{self.label}-r{rate_label(self.rate)}"
         return self.label if self.concurrency is None else f"{self.label}-c{self.concurrency}"
 
     def __str__(self) -> str:
@@ -858,6 +908,32 @@ class CellRecord:
     bandwidth_from: str | None = None
     #: total tok/s of each replica, when the server is several replicas (written when set)
     replica_tok_s: tuple[float, ...] | None = None
+    #: open-loop cells (rate, trace: docs/workloads.md): latencies from each request's
+    #: scheduled send (sched_) and from its actual send (sent_)
+    sched_ttft_ms: float | None = None
+    sched_ttft_p90_ms: float | None = None
+    sched_ttft_p99_ms: float | None = None
+    sent_ttft_ms: float | None = None
+    sched_e2e_ms: float | None = None
+    sched_e2e_p90_ms: float | None = None
+    sched_e2e_p99_ms: float | None = None
+    sent_e2e_ms: float | None = None
+    open_tbt_ms: float | None = None
+    open_output_tok_s: float | None = None
+    offered_rate: float | None = None
+    achieved_rate: float | None = None
+    open_requests: int | None = None
+    open_completed: int | None = None
+    open_failed: int | None = None
+    open_early_stops: int | None = None
+    send_lag_p99_ms: float | None = None
+    max_in_flight: int | None = None
+    open_span_s: float | None = None
+    server_queue_ms: float | None = None
+    expected_hit_share: float | None = None
+    sched_ttft_ms_ci: tuple[float, float] | None = None
+    sched_e2e_ms_ci: tuple[float, float] | None = None
+    open_tbt_ms_ci: tuple[float, float] | None = None
     #: what the server's /metrics say of the cell's window (None: nothing exposed, or a file
     #: written before them); written under "server"
     server: ServerFigures | None = None
@@ -901,7 +977,9 @@ class CellRecord:
         """The cell has figures (valid, or failed after it was measured; a cell failed by a
         refused request has none)."""
         return self.status.measured and (
-            self.total_tok_s is not None or self.prompt_tok_s is not None
+            self.total_tok_s is not None
+            or self.prompt_tok_s is not None
+            or self.sched_ttft_ms is not None
         )
 
     def __getitem__(self, key: str) -> Any:

@@ -72,7 +72,7 @@ def test_every_figure_is_a_typed_field_of_the_record_and_every_field_a_figure_or
 
 def test_the_lookups():
     assert [f.key for f in figures.floors()] == ["total_tok_s", "per_request_tok_s", "prompt_tok_s"]
-    assert [f.key for f in figures.ceilings()] == ["ttft_ms", "tbt_ms"]
+    assert [f.key for f in figures.ceilings()] == ["ttft_ms", "tbt_ms", "sched_ttft_ms"]
     assert figures.headline(Phase.DECODE).key == "total_tok_s"
     assert figures.headline(Phase.PREFILL).key == "prompt_tok_s"
     assert [f.key for f in figures.of_phase("prefill")] == [
@@ -80,7 +80,11 @@ def test_the_lookups():
     ]  # fmt: skip
     assert [f.key for f in figures.with_interval()] == [
         "total_tok_s", "per_request_tok_s", "ttft_ms", "tbt_ms", "prompt_tok_s",
+        "sched_ttft_ms", "sched_e2e_ms", "open_tbt_ms",
     ]  # fmt: skip
+    assert figures.headline(Phase.RATE).key == figures.headline(Phase.TRACE).key == "sched_ttft_ms"
+    assert [f.key for f in figures.of_phase("rate")] == [f.key for f in figures.of_phase("trace")]
+    assert not set(figures.of_phase("rate")) & set(figures.of_phase("decode"))
     assert figures.by_key("tbt_ms").digits == 3 and figures.by_key("tokens").junit == "tokens"
     with pytest.raises(KeyError, match="no figure 'tok_s'"):
         figures.by_key("tok_s")
@@ -219,7 +223,8 @@ def test_a_listed_figure_is_in_the_terminal_with_v_and_on_the_page(added):
 
 def test_without_a_listed_figure_there_is_no_such_table():
     record = full_record(Phase.DECODE)
-    assert [f.key for f in figures.listed()] == ["read_gb_s", "bandwidth_share"]
+    listed = [f.key for f in figures.listed() if f.phase != "open"]
+    assert listed == ["read_gb_s", "bandwidth_share"]
     record = dataclasses.replace(record, read_gb_s=None, bandwidth_share=None)
     assert "More figures" not in render([record], 120, True, [])
     assert "more-figures" not in render_page(Results(RUN, (record,))).html

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..results import CellId, CellRecord, Samples, Status
 from .bandwidth import MemoryModel, decode_bandwidth
 from .intervals import Interval, median_interval
+from .openloop import OpenLoopResult, open_status
 from .protocol import DecodeResult, PrefillResult
 from .status import MAX_ERROR_RATE, cell_status
 
@@ -133,6 +136,63 @@ def decode_record(
             tbt_ms=tuple(s.tbt_samples_ms),
             per_request_tok_s=tuple(s.per_request_samples),
         ),
+        server=result.server,
+    )
+
+
+def open_record(
+    cid: CellId,
+    result: OpenLoopResult,
+    max_error_rate: float = MAX_ERROR_RATE,
+    context_tokens: int | None = None,
+) -> CellRecord:
+    """An open-loop cell (``rate[8K-r2]``, ``trace[NAME]``: docs/workloads.md): its figures,
+    and its status as :func:`~.openloop.open_status` decides with ``max_error_rate``."""
+    status = open_status(result, max_error_rate)
+    f = result.figures
+
+    def med(values: tuple[float, ...], nd: int = 2) -> float | None:
+        return _r(float(np.median(values)), nd) if values else None
+
+    def pct(values: tuple[float, ...], q: float) -> float | None:
+        return _r(float(np.percentile(values, q)), 2) if values else None
+
+    tok_s = f.output_tok_s
+    return CellRecord(
+        id=cid,
+        status=status.status,
+        reason=status.message,
+        context_tokens=context_tokens,
+        sched_ttft_ms=med(f.sched_ttft),
+        sched_ttft_p90_ms=pct(f.sched_ttft, 90),
+        sched_ttft_p99_ms=pct(f.sched_ttft, 99),
+        sent_ttft_ms=med(f.sent_ttft),
+        sched_e2e_ms=med(f.sched_e2e),
+        sched_e2e_p90_ms=pct(f.sched_e2e, 90),
+        sched_e2e_p99_ms=pct(f.sched_e2e, 99),
+        sent_e2e_ms=med(f.sent_e2e),
+        open_tbt_ms=med(f.tbt, 4),
+        open_output_tok_s=_r(tok_s, 2),
+        offered_rate=_r(f.offered_rate, 4),
+        achieved_rate=_r(f.achieved_rate, 4),
+        open_requests=f.requests,
+        open_completed=f.completed,
+        open_failed=f.failed,
+        open_early_stops=f.early_stops,
+        send_lag_p99_ms=_r(result.send_lag_p99_ms, 3),
+        max_in_flight=f.max_in_flight,
+        open_span_s=_r(f.span_s, 3),
+        server_queue_ms=_r(result.server_queue_ms, 3),
+        expected_hit_share=_r(result.expected_hit_share, 4),
+        sched_ttft_ms_ci=_ci(result.sched_ttft_ci, 2),
+        sched_e2e_ms_ci=_ci(result.sched_e2e_ci, 2),
+        open_tbt_ms_ci=_ci(result.tbt_ci, 4),
+        samples=Samples(
+            ttft_ms=tuple(round(x, 3) for x in f.sched_ttft),
+            tbt_ms=tuple(round(x, 4) for x in f.tbt),
+        ),
+        flags=result.flags,
+        notes=result.notes,
         server=result.server,
     )
 

@@ -1,0 +1,662 @@
+"""Open-loop cells (docs/workloads.md): requests sent at scheduled times, whatever the server
+does — at an arrival rate (``rate[8K-r2]``) or at a trace's own times (``trace[NAME]``).
+
+The parts, pure first: the schedule (:func:`rate_schedule`, :func:`trace_schedule`), the
+trace file read with its bounds (:func:`read_trace`, :func:`parse_trace`; :class:`TraceError`
+names the file, the line and the fix), the blocks a trace's requests share
+(:func:`shared_tokens`), the figures of what was sent and read (:func:`open_figures`); then
+the I/O: the prompts (:func:`rate_plan`, :func:`trace_plan`) and the sender
+(:func:`run_open_loop`). No pytest here.
+
+Every latency counts from the request's *scheduled* send time, and from its actual send
+beside it: a request the client sent late keeps the lateness in its latency (no coordinated
+omission).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import random
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..results import Flag, FlagKind
+from .client import Connection, StreamRecord, account_tokens
+from .errors import LLMSpeedError
+from .intervals import Interval, median_interval
+from .prompts import PromptFactory
+from .replicas import ReplicaSet, stream_to
+from .server_figures import ServerFigures
+from .status import CellStatus
+from .wire import Dialect, request_fields
+
+#: tokens of one block of a trace's ``hash_ids`` (the Mooncake traces' block size)
+BLOCK_TOKENS = 512
+#: the first request is due this long after the schedule is laid on the clock
+LEAD_S = 0.05
+#: what a trace file may hold (it is read before any request, whole)
+TRACE_MAX_BYTES = 64 << 20
+TRACE_MAX_LINES = 100_000
+TRACE_MAX_LINE_BYTES = 64 << 10
+TRACE_MAX_BLOCKS = 4096
+#: prompt tokens of a whole trace, every request's together (their bodies are built first)
+TRACE_MAX_PROMPT_TOKENS = 20_000_000
+#: requests of one rate cell (rate × duration)
+MAX_RATE_REQUESTS = 100_000
+#: a cell whose p99 send lag is above this is flagged: the client sent late
+SEND_LAG_FLAG_MS = 10.0
+#: /metrics is read about this often while a cell runs (the server's gauges)
+POLL_S = 1.0
+
+_NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+# -- the schedule --------------------------------------------------------------------------
+
+
+def rate_schedule(
+    rate: float, duration: float, burstiness: float = 1.0, seed: int = 0
+) -> tuple[float, ...]:
+    """When each request of a rate cell is due, in seconds from the cell's start: the arrivals
+    of a renewal process whose gaps are Gamma(shape ``burstiness``, scale 1 / (rate ×
+    burstiness)) — mean 1 / rate; burstiness 1 is a Poisson process —, those before
+    ``duration``. Pure: the same arguments give the same schedule."""
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ValueError(f"rate {rate!r}: must be a positive number of requests per second")
+    if not (duration > 0 and math.isfinite(duration)):
+        raise ValueError(f"duration {duration!r}: must be a positive number of seconds")
+    if not (burstiness > 0 and math.isfinite(burstiness)):
+        raise ValueError(f"burstiness {burstiness!r}: must be a positive number")
+    if rate * duration > MAX_RATE_REQUESTS:
+        raise ValueError(
+            f"rate {rate:g} × duration {duration:g} s = {rate * duration:,.0f} requests: more "
+            f"than {MAX_RATE_REQUESTS:,} in one cell"
+        )
+    rng = np.random.default_rng(seed)
+    scale = 1.0 / (rate * burstiness)
+    out: list[float] = []
+    t = 0.0
+    batch = max(16, int(rate * duration * 1.2) + 16)
+    while True:
+        for gap in rng.gamma(burstiness, scale, batch):
+            t += float(gap)
+            if t >= duration:
+                return tuple(out)
+            out.append(t)
+
+
+# -- traces --------------------------------------------------------------------------------
+
+
+class TraceError(LLMSpeedError):
+    """A trace file that cannot be replayed: the file, the line (0: the file as a whole), what
+    is wrong and what to do, in one line."""
+
+    def __init__(self, source: str, line: int, what: str, fix: str) -> None:
+        where = f"{source}: line {line}" if line else source
+        super().__init__(f"{where}: {what}: {fix}", setting="trace")
+        self.source, self.line, self.what, self.fix = source, line, what, fix
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One line of a trace: when it arrives (ms), its lengths, its prefix blocks."""
+
+    line: int
+    timestamp_ms: float
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str  # the cell's id: trace[NAME]
+    source: str  # the file, as given
+    requests: tuple[TraceRequest, ...]  # in time order (stable)
+
+    @property
+    def span_s(self) -> float:
+        """From the first request's time to the last's, in seconds (at speed 1)."""
+        if not self.requests:
+            return 0.0
+        return (self.requests[-1].timestamp_ms - self.requests[0].timestamp_ms) / 1e3
+
+
+def trace_name(path: str | os.PathLike[str]) -> str:
+    """The cell's name for a trace file: its stem, other characters than letters, digits,
+    ``_``, ``-`` and ``.`` as ``_``, at most 64 characters."""
+    stem = Path(path).name
+    for ext in (".jsonl", ".json", ".txt"):
+        if stem.lower().endswith(ext):
+            stem = stem[: -len(ext)]
+            break
+    return (_NAME_BAD.sub("_", stem) or "trace")[:64]
+
+
+_FIX = "fix that line or drop it"
+
+
+def _whole(source: str, n: int, obj: dict[str, object], key: str, least: int) -> int:
+    value = obj.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least or value > 1 << 31:
+        raise TraceError(
+            source,
+            n,
+            f"{key!r} must be a whole number ≥ {least}, got {json.dumps(value)[:40]}",
+            _FIX,
+        )
+    return value
+
+
+def parse_trace(lines: Iterable[bytes | str], source: str, name: str | None = None) -> Trace:
+    """A trace from its JSONL lines (blank lines skipped): each a JSON object with
+    ``timestamp`` (ms, ≥ 0), ``input_length`` and ``output_length`` (whole, ≥ 1) and optional
+    ``hash_ids`` (whole numbers, at most :data:`TRACE_MAX_BLOCKS`); other keys are ignored.
+    :class:`TraceError` for the first line that is not, or for a trace past its bounds."""
+    requests: list[TraceRequest] = []
+    prompt_tokens = 0
+    n = 0
+    for n, raw in enumerate(lines, start=1):
+        if n > TRACE_MAX_LINES:
+            raise TraceError(
+                source, 0, f"more than {TRACE_MAX_LINES:,} lines", "replay a part of it"
+            )
+        if len(raw) > TRACE_MAX_LINE_BYTES:
+            raise TraceError(
+                source, n, f"a line over {TRACE_MAX_LINE_BYTES // 1024} KiB", "shorten it"
+            )
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except (ValueError, RecursionError):
+            raise TraceError(source, n, "not JSON (each line is one JSON object)", _FIX) from None
+        if not isinstance(obj, dict):
+            raise TraceError(source, n, "not a JSON object", _FIX)
+        ts = obj.get("timestamp")
+        if isinstance(ts, bool) or not isinstance(ts, int | float) or not (0 <= ts < 1e15):
+            raise TraceError(
+                source,
+                n,
+                f"'timestamp' must be a number of ms ≥ 0, got {json.dumps(ts)[:40]}",
+                _FIX,
+            )
+        inp = _whole(source, n, obj, "input_length", 1)
+        out = _whole(source, n, obj, "output_length", 1)
+        hashes: tuple[int, ...] = ()
+        if "hash_ids" in obj:
+            ids = obj["hash_ids"]
+            if not isinstance(ids, list) or any(
+                isinstance(h, bool) or not isinstance(h, int) for h in ids
+            ):
+                raise TraceError(source, n, "'hash_ids' must be a list of whole numbers", _FIX)
+            if len(ids) > TRACE_MAX_BLOCKS:
+                raise TraceError(
+                    source, n, f"more than {TRACE_MAX_BLOCKS:,} hash_ids", "shorten the prompt"
+                )
+            hashes = tuple(ids)
+        prompt_tokens += inp
+        if prompt_tokens > TRACE_MAX_PROMPT_TOKENS:
+            raise TraceError(
+                source,
+                n,
+                f"the prompts up to here have {prompt_tokens:,} tokens, more than "
+                f"{TRACE_MAX_PROMPT_TOKENS:,} in all",
+                "replay a part of it",
+            )
+        requests.append(TraceRequest(n, float(ts), inp, out, hashes))
+    if not requests:
+        raise TraceError(source, 0, "no request in it", "give a JSONL file of requests")
+    requests.sort(key=lambda r: r.timestamp_ms)  # stable: equal times keep the file's order
+    return Trace(name or trace_name(source), source, tuple(requests))
+
+
+def read_trace(path: str | os.PathLike[str]) -> Trace:
+    """A trace file, read within its bounds (:data:`TRACE_MAX_BYTES`, lines, line length)."""
+    source = str(path)
+    try:
+        size = os.stat(path).st_size
+        if size > TRACE_MAX_BYTES:
+            raise TraceError(
+                source, 0, f"{size:,} bytes, more than {TRACE_MAX_BYTES >> 20} MiB",
+                "replay a part of it",
+            )  # fmt: skip
+        with open(path, "rb") as f:
+            lines: list[bytes] = []
+            while len(lines) <= TRACE_MAX_LINES:
+                line = f.readline(TRACE_MAX_LINE_BYTES + 1)
+                if not line:
+                    break
+                lines.append(line.rstrip(b"\r\n") if line.endswith(b"\n") else line)
+    except OSError as exc:
+        raise TraceError(
+            source, 0, f"cannot be read ({exc.strerror or exc})", "give a readable file"
+        ) from None
+    return parse_trace(lines, source)
+
+
+def check_fits(trace: Trace, max_model_len: int | None) -> None:
+    """:class:`TraceError` naming the first request whose prompt and output do not fit in the
+    server's ``max_model_len`` (nothing to check when it is unknown)."""
+    if max_model_len is None:
+        return
+    for r in trace.requests:
+        if r.input_length + r.output_length > max_model_len:
+            raise TraceError(
+                trace.source,
+                r.line,
+                f"input_length {r.input_length:,} + output_length {r.output_length:,} = "
+                f"{r.input_length + r.output_length:,} > the server's max_model_len "
+                f"{max_model_len:,}",
+                "drop or shorten that request",
+            )
+
+
+def trace_schedule(trace: Trace, speed: float = 1.0) -> tuple[float, ...]:
+    """When each request of ``trace`` is due, in seconds from the first: its timestamps,
+    divided by ``speed``."""
+    if not (speed > 0 and math.isfinite(speed)):
+        raise ValueError(f"speed {speed!r}: must be a positive number")
+    t0 = trace.requests[0].timestamp_ms
+    return tuple((r.timestamp_ms - t0) / 1e3 / speed for r in trace.requests)
+
+
+def hit_blocks(r: TraceRequest) -> int:
+    """The request's leading blocks a cache may hit: whole (512 tokens) and ending before its
+    last prompt token (a server computes at least that token)."""
+    return min(len(r.hash_ids), (r.input_length - 1) // BLOCK_TOKENS)
+
+
+def held_blocks(r: TraceRequest) -> int:
+    """The request's leading blocks that are whole: what a cache holds once it was computed."""
+    return min(len(r.hash_ids), r.input_length // BLOCK_TOKENS)
+
+
+def shared_tokens(trace: Trace) -> tuple[int, ...]:
+    """For each request, in order, the prompt tokens in leading blocks that an earlier request
+    held whole at the same places (the same ids before them: blocks are chained): what an
+    unbounded prefix cache would hit."""
+    seen: dict[tuple[int, int], int] = {}  # (parent node, block id) → node
+    out: list[int] = []
+    for r in trace.requests:
+        node, k = 0, 0
+        for h in r.hash_ids[: hit_blocks(r)]:
+            nxt = seen.get((node, h))
+            if nxt is None:
+                break
+            node, k = nxt, k + 1
+        out.append(k * BLOCK_TOKENS)
+        node = 0
+        for h in r.hash_ids[: held_blocks(r)]:
+            nxt = seen.get((node, h))
+            if nxt is None:
+                nxt = seen[(node, h)] = len(seen) + 1
+            node = nxt
+    return tuple(out)
+
+
+def expected_hit_share(trace: Trace) -> float:
+    """Prompt tokens an unbounded prefix cache would hit (:func:`shared_tokens`) / all prompt
+    tokens of the trace."""
+    total = sum(r.input_length for r in trace.requests)
+    return sum(shared_tokens(trace)) / total if total else 0.0
+
+
+# -- what is sent ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One request of a schedule: when it is due (s from the start), its body, its lengths."""
+
+    at: float
+    body: bytes = field(repr=False)
+    prompt_tokens: int
+    max_tokens: int
+
+
+async def rate_plan(
+    factory: PromptFactory,
+    dialect: Dialect,
+    model: str,
+    context: int,
+    max_output: int,
+    times: Sequence[float],
+) -> list[Planned]:
+    """A rate cell's requests: at ``context`` tokens, each sharing the context's prefix P(C)
+    and ending in its own suffix (a decode cell's prompts), built before the first is sent."""
+    from .streams import PromptSource
+
+    fields = request_fields(model, max_output, dialect)
+    prompts = PromptSource(factory, context, fields, min(len(times), 64) or 1)
+    await prompts.build()
+    return [Planned(t, await prompts.next(), context, max_output) for t in times]
+
+
+def _block_ids(salt: int, block: int, pool: Sequence[int]) -> list[int]:
+    rng = random.Random(f"{salt}:block:{block}")
+    return [rng.choice(pool) for _ in range(BLOCK_TOKENS)]
+
+
+async def trace_plan(
+    factory: PromptFactory,
+    dialect: Dialect,
+    model: str,
+    trace: Trace,
+    speed: float = 1.0,
+) -> list[Planned]:
+    """A trace's requests at its times: each prompt its blocks' tokens (block id → 512 token
+    ids of the server's own tokenizer, drawn from the run's salt and the id: the same id, the
+    same tokens), cut to its ``input_length``, then tokens of its own to that length. Token-id
+    prompts only (text would not keep the blocks' boundaries through the tokenizer)."""
+    if not factory.uses_ids:
+        raise LLMSpeedError(
+            f"a trace replay needs token-id prompts (its shared blocks must be exact), and "
+            f"this run sends {'chat messages' if factory.api == 'chat' else 'text'}",
+            setting="prompt_form" if factory.api == "completions" else "api",
+        )
+    pool = await factory.id_pool()
+    salt = factory.salt
+    blocks: dict[int, tuple[list[int], bytes]] = {}
+    out: list[Planned] = []
+    for i, (at, r) in enumerate(zip(trace_schedule(trace, speed), trace.requests, strict=True)):
+        parts: list[bytes] = []
+        have = 0
+        for h in r.hash_ids:
+            take = min(BLOCK_TOKENS, r.input_length - have)
+            if take <= 0:
+                break
+            if h not in blocks:
+                ids = _block_ids(salt, h, pool)
+                blocks[h] = (ids, ", ".join(map(str, ids)).encode())
+            ids, encoded = blocks[h]
+            if take < BLOCK_TOKENS:  # the prompt ends inside this block
+                encoded = ", ".join(map(str, ids[:take])).encode()
+            parts.append(encoded)
+            have += take
+        if have < r.input_length:
+            rng = random.Random(f"{salt}:request:{i}")
+            tail = [rng.choice(pool) for _ in range(r.input_length - have)]
+            parts.append(", ".join(map(str, tail)).encode())
+        rest = json.dumps(request_fields(model, r.output_length, dialect))[1:].encode()
+        body = b"".join((b'{"prompt": [', b", ".join(parts), b"], ", rest))
+        out.append(Planned(at, body, r.input_length, r.output_length))
+    return out
+
+
+# -- the figures -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One request of an open-loop cell: when it was due (``perf_counter``), what it was and
+    what it saw."""
+
+    due: float
+    planned: Planned
+    rec: StreamRecord
+
+
+@dataclass(frozen=True)
+class OpenFigures:
+    """The figures of docs/workloads.md over one cell's requests (ms, req/s, tok/s)."""
+
+    requests: int
+    completed: int
+    failed: int
+    early_stops: int
+    span_s: float  # first scheduled send to the last request's end
+    offered_rate: float | None  # None: a schedule of no length (a trace of one request)
+    achieved_rate: float
+    sched_ttft: tuple[float, ...]  # per request with a first token: arrival − scheduled send
+    sent_ttft: tuple[float, ...]  # ... − actual send
+    sched_e2e: tuple[float, ...]  # per finished request: last token − scheduled send
+    sent_e2e: tuple[float, ...]
+    tbt: tuple[float, ...]  # per request with ≥ 2 tokens
+    output_tokens: int
+    send_lag: tuple[float, ...]  # actual − scheduled send, every request
+    max_in_flight: int
+    errors: dict[str, int]
+    wrong_lengths: dict[int, int]
+
+    @property
+    def output_tok_s(self) -> float | None:
+        return self.output_tokens / self.span_s if self.span_s > 0 else None
+
+    @property
+    def error_rate(self) -> float:
+        return self.failed / max(self.requests, 1)
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return float(np.median(values)) if len(values) else None
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def _most_at_once(spans: Sequence[tuple[float, float]]) -> int:
+    events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    most = now = 0
+    for _, step in events:  # at equal times an end (-1) comes first: not both at once
+        now += step
+        most = max(most, now)
+    return most
+
+
+def open_figures(sent: Sequence[Sent], offered_s: float) -> OpenFigures:
+    """The figures of an open-loop cell from its requests (their streams read, tokens
+    accounted), ``offered_s`` the schedule's length (the rate cell's duration, the trace's span
+    at its speed). Pure."""
+    sched_ttft: list[float] = []
+    sent_ttft: list[float] = []
+    sched_e2e: list[float] = []
+    sent_e2e: list[float] = []
+    tbt: list[float] = []
+    lags: list[float] = []
+    spans: list[tuple[float, float]] = []
+    errors: dict[str, int] = {}
+    wrong: dict[int, int] = {}
+    completed = failed = early = tokens = 0
+    first_due = min((s.due for s in sent), default=0.0)
+    last_end = first_due
+    for s in sent:
+        rec = s.rec
+        lags.append((rec.t_send - s.due) * 1e3)
+        end = rec.t_end if rec.t_end is not None else rec.t_send
+        last_end = max(last_end, end)
+        spans.append((rec.t_send, end))
+        tokens += rec.n_tokens
+        if rec.prompt_tokens is not None and rec.prompt_tokens != s.planned.prompt_tokens:
+            wrong[rec.prompt_tokens] = wrong.get(rec.prompt_tokens, 0) + 1
+        if rec.t_first is not None:
+            sched_ttft.append((rec.t_first - s.due) * 1e3)
+            sent_ttft.append((rec.t_first - rec.t_send) * 1e3)
+        n = rec.n_tokens
+        if n >= 2 and rec.token_times:
+            tbt.append((rec.token_times[-1] - rec.token_times[0]) / (n - 1) * 1e3)
+        if rec.error:
+            failed += 1
+            key = rec.error[:120]
+            errors[key] = errors.get(key, 0) + 1
+        elif rec.finished and rec.token_times:
+            completed += 1
+            t_last = rec.token_times[-1]
+            sched_e2e.append((t_last - s.due) * 1e3)
+            sent_e2e.append((t_last - rec.t_send) * 1e3)
+            if n < s.planned.max_tokens:
+                early += 1
+    span = last_end - first_due
+    n_req = len(sent)
+    return OpenFigures(
+        requests=n_req,
+        completed=completed,
+        failed=failed,
+        early_stops=early,
+        span_s=span,
+        offered_rate=n_req / offered_s if offered_s > 0 else None,
+        achieved_rate=completed / span if span > 0 else 0.0,
+        sched_ttft=tuple(sched_ttft),
+        sent_ttft=tuple(sent_ttft),
+        sched_e2e=tuple(sched_e2e),
+        sent_e2e=tuple(sent_e2e),
+        tbt=tuple(tbt),
+        output_tokens=tokens,
+        send_lag=tuple(lags),
+        max_in_flight=_most_at_once(spans),
+        errors=errors,
+        wrong_lengths=wrong,
+    )
+
+
+# -- the cell --------------------------------------------------------------------------------
+
+
+@dataclass
+class OpenLoopResult:
+    """What an open-loop cell measured: its figures, the server's own over the cell, its
+    flags."""
+
+    figures: OpenFigures
+    server: ServerFigures | None = None
+    flags: tuple[Flag, ...] = ()
+    notes: tuple[str, ...] = ()
+    #: expected prefix-cache share of a trace (:func:`expected_hit_share`); None for a rate
+    expected_hit_share: float | None = None
+    sent: list[Sent] = field(default_factory=list, repr=False)
+
+    @property
+    def sched_ttft_ci(self) -> Interval | None:
+        return median_interval(self.figures.sched_ttft)
+
+    @property
+    def sched_e2e_ci(self) -> Interval | None:
+        return median_interval(self.figures.sched_e2e)
+
+    @property
+    def tbt_ci(self) -> Interval | None:
+        return median_interval(self.figures.tbt)
+
+    @property
+    def send_lag_p99_ms(self) -> float | None:
+        return _pct(self.figures.send_lag, 99)
+
+    @property
+    def server_queue_ms(self) -> float | None:
+        q = self.server.queue_time_mean_s if self.server is not None else None
+        return None if q is None else q * 1e3
+
+
+def open_status(result: OpenLoopResult, max_error_rate: float) -> CellStatus:
+    """Valid, or failed (prompts at another length; more failed requests than
+    ``max_error_rate``), as :func:`~.status.cell_status` words a decode cell."""
+    from ..results import Status
+
+    f = result.figures
+    errors = "; ".join(f"{n}× {msg}" for msg, n in f.errors.items()) or None
+    if f.wrong_lengths:
+        return CellStatus(
+            Status.FAILED,
+            "the server counted other prompt lengths than those sent: "
+            + ", ".join(f"{k:,} ({v}×)" for k, v in sorted(f.wrong_lengths.items())),
+            "prompt_form",
+            errors,
+        )
+    if f.error_rate > max_error_rate:
+        return CellStatus(
+            Status.FAILED,
+            f"{f.failed} of {f.requests} requests failed "
+            f"({f.error_rate:.0%} > max_error_rate {max_error_rate:g})",
+            "max_error_rate",
+            errors,
+        )
+    if f.requests == 0:
+        return CellStatus(Status.ERROR, "the schedule had no request (rate × duration too small)")
+    return CellStatus(Status.VALID)
+
+
+async def run_open_loop(
+    conn: Connection | ReplicaSet,
+    dialect: Dialect,
+    plan: Sequence[Planned],
+    offered_s: float,
+    watch_metrics: bool = True,
+    keep_reads: bool = False,
+) -> OpenLoopResult:
+    """Send each planned request at its time (``LEAD_S`` after the call, plus its ``at``),
+    never waiting for an earlier one; read every stream to its end; then the figures.
+
+    With ``watch_metrics``, ``/metrics`` is read before the first send, about once a second
+    while requests are out, and after the last ended: the server's figures of the cell (its
+    queue time, prefix cache, ...), as a decode window reads them. The reads are parsed after
+    the cell. A request is never cancelled by the cell; the client's own bounds
+    (``--llm-timeout``) end a stalled one as an error."""
+    from .protocol import EDGE_FAMILIES, IDLE_WAIT_S, POLL_FAMILIES, _read, _wait_idle
+    from .protocol import _window_figures as window
+
+    busy = await _wait_idle(conn, min(conn.timeout, IDLE_WAIT_S)) if watch_metrics else None
+    if isinstance(conn, Connection):
+        await conn.warm_pool(min(16, max(len(plan), 1)))
+    read_open = await _read(conn) if watch_metrics else None
+    path = dialect.path
+    loop = asyncio.get_running_loop()
+    sent: list[Sent] = []
+    tasks: list[asyncio.Task[StreamRecord]] = []
+    polls = []
+    t0 = time.perf_counter() + LEAD_S
+
+    async def poll() -> None:
+        while True:
+            await asyncio.sleep(POLL_S)
+            polls.append(await _read(conn))
+
+    poller = loop.create_task(poll()) if watch_metrics else None
+    try:
+        for p in plan:
+            due = t0 + p.at
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            rec = StreamRecord(keep_reads=keep_reads)
+            sent.append(Sent(due, p, rec))
+            tasks.append(loop.create_task(stream_to(conn, path, p.body, rec)))
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        for t in tasks:
+            t.cancel()
+        if poller is not None:
+            poller.cancel()
+            await asyncio.gather(poller, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+    read_close = await _read(conn) if watch_metrics else None
+    for s in sent:
+        account_tokens(s.rec, s.planned.max_tokens)
+    server = None
+    if read_open is not None and read_close is not None:
+        server_open = read_open.parse(EDGE_FAMILIES)[1]
+        server_close = read_close.parse(EDGE_FAMILIES)[1]
+        server_polls = [x for p in polls if (x := p.parse(POLL_FAMILIES)[1]) is not None]
+        server = window(server_open, server_close, server_polls)
+    figures = open_figures(sent, offered_s)
+    flags: list[Flag] = [busy] if busy is not None else []
+    lag = _pct(figures.send_lag, 99)
+    if lag is not None and lag > SEND_LAG_FLAG_MS:
+        flags.append(
+            Flag(
+                FlagKind.CLIENT_BEHIND,
+                f"sent requests late: p99 {lag:.1f} ms after their scheduled time (counted "
+                "in their latencies)",
+            )
+        )
+    return OpenLoopResult(figures, server=server, flags=tuple(flags), sent=sent)

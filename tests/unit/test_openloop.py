@@ -1,0 +1,236 @@
+"""The open loop's pure parts (docs/workloads.md): the schedule, the trace file and its errors,
+the blocks a trace shares, the figures from the scheduled send."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from pytest_llmspeed.core.client import StreamRecord
+from pytest_llmspeed.core.openloop import (
+    BLOCK_TOKENS,
+    TRACE_MAX_BLOCKS,
+    Planned,
+    Sent,
+    TraceError,
+    check_fits,
+    expected_hit_share,
+    open_figures,
+    parse_trace,
+    rate_schedule,
+    read_trace,
+    shared_tokens,
+    trace_name,
+    trace_schedule,
+)
+from pytest_llmspeed.results import CellId, Phase
+
+# -- the schedule ------------------------------------------------------------------------
+
+
+def test_a_rate_schedule_is_a_pure_function_of_its_arguments():
+    assert rate_schedule(4, 10, seed=3) == rate_schedule(4, 10, seed=3)
+    assert rate_schedule(4, 10, seed=3) != rate_schedule(4, 10, seed=4)
+
+
+def test_a_rate_schedule_sends_only_inside_the_duration_in_order():
+    times = rate_schedule(20, 5, seed=1)
+    assert all(0 < t < 5 for t in times)
+    assert list(times) == sorted(times)
+
+
+def test_poisson_arrivals_have_the_rate_and_exponential_gaps():
+    times = np.array(rate_schedule(50, 400, seed=7))  # about 20,000 arrivals
+    n = len(times)
+    assert abs(n - 20_000) < 5 * math.sqrt(20_000)  # Poisson count: sd = sqrt(mean)
+    gaps = np.diff(np.concatenate(([0.0], times)))
+    assert gaps.mean() == pytest.approx(1 / 50, rel=0.03)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.03)  # exponential: cv 1
+
+
+@pytest.mark.parametrize("burstiness", [0.25, 4.0])
+def test_burstiness_keeps_the_mean_gap_and_sets_its_spread(burstiness):
+    times = np.array(rate_schedule(50, 400, burstiness=burstiness, seed=7))
+    gaps = np.diff(np.concatenate(([0.0], times)))
+    assert gaps.mean() == pytest.approx(1 / 50, rel=0.05)
+    # a gamma of shape b has cv 1 / sqrt(b): burstier below 1, more even above
+    assert gaps.std() / gaps.mean() == pytest.approx(1 / math.sqrt(burstiness), rel=0.06)
+
+
+@pytest.mark.parametrize(
+    ("rate", "duration", "burstiness", "words"),
+    [
+        (0, 10, 1, "rate 0"),
+        (math.inf, 10, 1, "rate inf"),
+        (2, -1, 1, "duration -1"),
+        (2, 10, 0, "burstiness 0"),
+        (10_000, 100, 1, "more than 100,000"),
+    ],
+)
+def test_a_rate_schedule_refuses_what_is_no_schedule(rate, duration, burstiness, words):
+    with pytest.raises(ValueError, match=words):
+        rate_schedule(rate, duration, burstiness)
+
+
+# -- the trace file ------------------------------------------------------------------------
+
+
+def _lines(*objs: object) -> list[str]:
+    return [o if isinstance(o, str) else json.dumps(o) for o in objs]
+
+
+def test_a_mooncake_trace_is_read_in_time_order_and_replayed_at_its_speed():
+    trace = parse_trace(
+        _lines(
+            {"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [1, 2]},
+            {"timestamp": 3000, "input_length": 700, "output_length": 5, "hash_ids": [1, 3]},
+            "",
+            {"timestamp": 1000, "input_length": 50, "output_length": 7},
+        ),
+        "t.jsonl",
+    )
+    assert [r.line for r in trace.requests] == [1, 4, 2]
+    assert trace.requests[2].hash_ids == (1, 3)
+    assert trace_schedule(trace) == (0.0, 1.0, 3.0)
+    assert trace_schedule(trace, speed=2) == (0.0, 0.5, 1.5)
+    assert trace.name == "t" and trace.span_s == 3.0
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("{not json", "line 2: not JSON"),
+        ("[1, 2]", "line 2: not a JSON object"),
+        ('{"input_length": 5, "output_length": 5}', "line 2: 'timestamp' must be a number"),
+        ('{"timestamp": -1, "input_length": 5, "output_length": 5}', "'timestamp'"),
+        ('{"timestamp": 1, "input_length": 0, "output_length": 5}', "'input_length' must be"),
+        ('{"timestamp": 1, "input_length": 5, "output_length": "12"}', 'got "12"'),
+        ('{"timestamp": 1, "input_length": true, "output_length": 5}', "got true"),
+        ('{"timestamp": 1, "input_length": 5.5, "output_length": 5}', "got 5.5"),
+        ('{"timestamp": 1, "input_length": 5, "output_length": 5, "hash_ids": [1, "a"]}', "list"),
+    ],
+)
+def test_a_broken_line_is_one_line_naming_the_file_the_line_and_the_fix(line, words):
+    good = '{"timestamp": 0, "input_length": 5, "output_length": 5}'
+    with pytest.raises(TraceError, match=words) as info:
+        parse_trace([good, line], "runs/trace.jsonl")
+    message = str(info.value)
+    assert message.startswith("runs/trace.jsonl: line 2: ")
+    assert "\n" not in message
+    assert message.endswith("fix that line or drop it")
+
+
+def test_a_trace_is_bounded():
+    with pytest.raises(TraceError, match="no request in it"):
+        parse_trace(["", "  "], "empty.jsonl")
+    many = {"timestamp": 0, "input_length": 5, "output_length": 5, "hash_ids": [0] * 4097}
+    with pytest.raises(TraceError, match=f"more than {TRACE_MAX_BLOCKS:,} hash_ids"):
+        parse_trace(_lines(many), "x")
+    with pytest.raises(TraceError, match="a line over 64 KiB"):
+        parse_trace(["x" * (65 << 10)], "x")
+    big = {"timestamp": 0, "input_length": 15_000_000, "output_length": 5}
+    with pytest.raises(TraceError, match="line 2: the prompts up to here have 30,000,000"):
+        parse_trace(_lines(big, big), "x")
+
+
+def test_a_file_is_read_within_its_bounds(tmp_path):
+    path = tmp_path / "my trace!.jsonl"
+    path.write_text('{"timestamp": 5, "input_length": 9, "output_length": 2}\r\n')
+    trace = read_trace(path)
+    assert trace.name == "my_trace_" and len(trace.requests) == 1
+    assert CellId.trace(trace.name).phase is Phase.TRACE
+    with pytest.raises(TraceError, match="cannot be read"):
+        read_trace(tmp_path / "missing.jsonl")
+
+
+def test_lengths_beyond_the_servers_context_name_the_line():
+    trace = parse_trace(
+        _lines(
+            {"timestamp": 0, "input_length": 100, "output_length": 10},
+            {"timestamp": 1, "input_length": 2000, "output_length": 100},
+        ),
+        "t.jsonl",
+    )
+    check_fits(trace, None)
+    check_fits(trace, 2100)
+    with pytest.raises(TraceError, match=r"line 2: input_length 2,000 \+ output_length 100"):
+        check_fits(trace, 2099)
+
+
+def test_trace_names_are_cell_ids():
+    assert trace_name("/data/conversation_trace.jsonl") == "conversation_trace"
+    assert trace_name("a b/c.d.json") == "c.d"
+    assert str(CellId.parse("trace[c.d]")) == "trace[c.d]"
+
+
+# -- the blocks a trace shares -----------------------------------------------------------------
+
+
+def test_shared_blocks_are_the_leading_ones_an_earlier_request_named_at_the_same_places():
+    B = BLOCK_TOKENS
+    trace = parse_trace(
+        _lines(
+            {"timestamp": 0, "input_length": 3 * B, "output_length": 1, "hash_ids": [1, 2, 3]},
+            # the first two blocks shared; its third holds its last token: computed, never hit
+            {"timestamp": 1, "input_length": 3 * B, "output_length": 1, "hash_ids": [1, 2, 4]},
+            # block 2 after another block: another prefix, nothing shared
+            {"timestamp": 2, "input_length": 2 * B + 1, "output_length": 1, "hash_ids": [9, 2]},
+            # all three of the first request's blocks, and a token more
+            {"timestamp": 3, "input_length": 3 * B + 1, "output_length": 1, "hash_ids": [1, 2, 3]},
+            {"timestamp": 4, "input_length": 10, "output_length": 1},
+        ),
+        "t",
+    )
+    assert shared_tokens(trace) == (0, 2 * B, 0, 3 * B, 0)
+    total = 3 * B + 3 * B + 2 * B + 1 + 3 * B + 1 + 10
+    assert expected_hit_share(trace) == pytest.approx(5 * B / total)
+
+
+# -- the figures from the scheduled send -------------------------------------------------
+
+
+def _sent(due: float, send: float, first: float | None, last: float, n: int, **kw) -> Sent:
+    rec = StreamRecord(t_send=send, t_first=first, t_end=last)
+    if first is not None:
+        rec.token_times = list(np.linspace(first, last, n)) if n > 1 else [first]
+        rec.token_counts = [1] * n
+    rec.finished = kw.get("finished", True)
+    rec.error = kw.get("error")
+    rec.prompt_tokens = kw.get("prompt_tokens", 100)
+    return Sent(due, Planned(due, b"{}", 100, kw.get("max_tokens", n)), rec)
+
+
+def test_latencies_count_from_the_scheduled_send_and_from_the_actual_send_beside():
+    # the second request was sent 2 s late (a stalled client): its TTFT from the schedule
+    # keeps the 2 s, from the send it does not
+    sent = [
+        _sent(10.0, 10.0, 10.1, 11.0, 10),
+        _sent(11.0, 13.0, 13.1, 14.0, 10),
+        _sent(12.0, 13.0, 13.3, 15.0, 5, error="HTTP 500: boom", finished=False),
+    ]
+    f = open_figures(sent, offered_s=3.0)
+    assert f.sched_ttft == pytest.approx((100, 2100, 1300))
+    assert f.sent_ttft == pytest.approx((100, 100, 300))
+    assert f.sched_e2e == pytest.approx((1000, 3000))  # the failed request has no end-to-end
+    assert f.sent_e2e == pytest.approx((1000, 1000))
+    assert f.send_lag == pytest.approx((0, 2000, 1000))
+    assert f.tbt == pytest.approx((100, 100, 425))
+    assert (f.requests, f.completed, f.failed) == (3, 2, 1)
+    assert f.errors == {"HTTP 500: boom": 1}
+    assert f.span_s == pytest.approx(5.0) and f.offered_rate == pytest.approx(1.0)
+    assert f.achieved_rate == pytest.approx(2 / 5.0)
+    assert f.output_tokens == 25 and f.output_tok_s == pytest.approx(5.0)
+    assert f.max_in_flight == 2  # 13-14 and 13-15 overlap; 10-11 ended before
+
+
+def test_an_early_stop_and_another_prompt_length_are_counted():
+    sent = [
+        _sent(0.0, 0.0, 0.1, 1.0, 4, max_tokens=8),
+        _sent(1.0, 1.0, 1.1, 2.0, 8, max_tokens=8, prompt_tokens=101),
+    ]
+    f = open_figures(sent, offered_s=2.0)
+    assert f.early_stops == 1
+    assert f.wrong_lengths == {101: 1}
