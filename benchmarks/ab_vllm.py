@@ -165,8 +165,9 @@ def write(args: argparse.Namespace, work: Path, started: float | None, load_befo
         f"NEW the same command (**self**) or with `{CAP}` (**capped**: at most 2 requests "
         f"run at once). Contexts {args.contexts} × concurrency {args.concurrency}, "
         f"{args.duration:g} s windows, max output {args.max_output}, tolerance "
-        f"{args.tolerance}, at most {args.rounds} rounds (ABBA: old new new old; a round is "
-        "the selected cells on one fresh start). The verdicts are the plugin's (the results "
+        f"{args.tolerance}, at most {args.rounds} rounds (blocks of old new new old, or "
+        "its mirror at random in the plugin since bbc0e4b; a round is the selected cells on "
+        "one fresh start). The verdicts are the plugin's (the results "
         "file's `ab`).",
         "",
         "## Verdicts",
