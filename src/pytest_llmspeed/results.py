@@ -1137,9 +1137,10 @@ class CellRecord:
         notes = tuple(str(n) for n in data.get("notes", ()))
         if "flags" in data:
             kwargs["flags"] = tuple(Flag.from_v1(f) for f in data["flags"])
-        else:  # a file before flags: they are in its notes' words
+        else:  # a file before flags (or a cell with none): they are in its notes' words
             kwargs["flags"], notes = flags_of_notes(notes)
-            absent.add("flags")
+            if kwargs["flags"]:  # written back as read: in words
+                absent.add("flags")
         kwargs["absent"] = frozenset(absent)
         kwargs["attempts"] = tuple(dict(a) for a in data.get("attempts", ()))
         kwargs["notes"] = notes

@@ -32,7 +32,7 @@ RUN = RunInfo(
 #: a cell's fields that are not figures: what it is, how it ended, its structure
 STRUCTURE = {
     "id", "status", "context_tokens", "reason", "samples", "replica_tok_s", "gate", "attempts",
-    "notes", "extra", "absent", "server",
+    "notes", "flags", "extra", "absent", "server",
 }  # fmt: skip
 
 
