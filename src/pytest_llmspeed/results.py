@@ -1048,7 +1048,7 @@ class CellRecord:
                 if f.key not in self.absent:
                     out[f.key] = figures.written(getattr(self, f.key))
             samples: dict[str, list[float]] = {"ttft_ms": list(self.samples.ttft_ms)}
-            if self.phase is Phase.DECODE:
+            if self.phase is not Phase.PREFILL:  # decode and open-loop cells: per request
                 samples["tbt_ms"] = list(self.samples.tbt_ms)
                 samples["per_request_tok_s"] = list(self.samples.per_request_tok_s)
             out["samples"] = samples

@@ -23,6 +23,16 @@ from .client import Connection
 from .errors import CellCut, LLMSpeedError
 from .heartbeat import LoopLag
 from .matrix import Limits, resolve_context
+from .openloop import (
+    OpenLoopResult,
+    Trace,
+    check_fits,
+    expected_hit_share,
+    rate_plan,
+    rate_schedule,
+    run_open_loop,
+    trace_plan,
+)
 from .probe import ServerInfo, probe
 from .prompts import PromptFactory
 from .protocol import (
@@ -34,7 +44,7 @@ from .protocol import (
     run_decode,
     run_prefill,
 )
-from .records import decode_record, prefill_record, unmeasured_record
+from .records import decode_record, open_record, prefill_record, unmeasured_record
 from .replicas import ReplicaSet, per_replica_tok_s, probe_replicas
 from .stats import RequestBounds
 from .status import MAX_ERROR_RATE, cell_status
@@ -473,6 +483,75 @@ class Bench:
         except LLMSpeedError as exc:
             return _stopped(cid, exc, tokens)
         return decode_record(context, result, self.config.max_error_rate, self.config.memory)
+
+    def rate(
+        self, context: int, rate: float, burstiness: float = 1.0, seed: int = 0
+    ) -> OpenLoopResult:
+        """One rate cell (docs/workloads.md): requests at ``context`` tokens arriving at
+        ``rate`` per second (gamma gaps of shape ``burstiness``; 1: Poisson) for the config's
+        duration, each with the config's max output, sent whatever the server does. Warm the
+        context's prefix first (:meth:`prefill`): its requests share it, as a decode cell's."""
+        assert self.conn and self.factory and self.dialect and self.server
+        cfg = self.config
+        times = rate_schedule(rate, cfg.duration, burstiness, seed)
+        factory, dialect, model = self.factory, self.dialect, self.server.model
+
+        async def cell() -> OpenLoopResult:
+            plan = await rate_plan(factory, dialect, model, context, cfg.max_output, times)
+            target = self.replicas or self.conn
+            assert target is not None
+            return await run_open_loop(
+                target, dialect, plan, cfg.duration, watch_metrics=self.server_has_metrics
+            )
+
+        return self.run(cell())
+
+    def replay(self, trace: Trace, speed: float = 1.0) -> OpenLoopResult:
+        """One trace cell: ``trace``'s requests at its times divided by ``speed``, their
+        prompts sharing the blocks their hash ids name (token-id prompts only). A request that
+        does not fit in the server's max_model_len is a :class:`~.openloop.TraceError` naming
+        its line, before any request is sent."""
+        assert self.conn and self.factory and self.dialect and self.server
+        check_fits(trace, self.limits.max_model_len)
+        factory, dialect, model = self.factory.fresh(), self.dialect, self.server.model
+
+        async def cell() -> OpenLoopResult:
+            plan = await trace_plan(factory, dialect, model, trace, speed)
+            target = self.replicas or self.conn
+            assert target is not None
+            return await run_open_loop(
+                target, dialect, plan, trace.span_s / speed, watch_metrics=self.server_has_metrics
+            )
+
+        result = self.run(cell())
+        return dataclasses.replace(result, expected_hit_share=expected_hit_share(trace))
+
+    @property
+    def server_has_metrics(self) -> bool:
+        return self.server is not None and self.server.has_metrics
+
+    def rate_cell(
+        self, context: int | str, rate: float, burstiness: float = 1.0, seed: int = 0
+    ) -> CellRecord:
+        """The rate cell (``context``, ``rate``) as the pytest layer records it; its prefix
+        warmed here when it is not yet (the prefill cell's request)."""
+        cid = CellId.at_rate(context, rate)
+        tokens = self._tokens(context)
+        try:
+            self.prefill(tokens, min(self.config.max_output, 16))
+            result = self.rate(tokens, rate, burstiness, seed)
+        except LLMSpeedError as exc:
+            return _stopped(cid, exc, tokens)
+        return open_record(cid, result, self.config.max_error_rate, tokens)
+
+    def trace_cell(self, trace: Trace, speed: float = 1.0) -> CellRecord:
+        """The trace cell ``trace[NAME]`` as the pytest layer records it."""
+        cid = CellId.trace(trace.name)
+        try:
+            result = self.replay(trace, speed)
+        except LLMSpeedError as exc:
+            return _stopped(cid, exc, 0)
+        return open_record(cid, result, self.config.max_error_rate)
 
     def _tokens(self, context: int | str) -> int:
         tokens = self.resolve(context)

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..results import Flag, FlagKind
 from .client import Connection, StreamRecord, account_tokens
-from .errors import LLMSpeedError
+from .errors import KeyRejected, LLMSpeedError
 from .intervals import Interval, median_interval
 from .prompts import PromptFactory
 from .replicas import ReplicaSet, stream_to
@@ -604,6 +604,7 @@ async def run_open_loop(
     (``--llm-timeout``) end a stalled one as an error."""
     from .protocol import EDGE_FAMILIES, IDLE_WAIT_S, POLL_FAMILIES, _read, _wait_idle
     from .protocol import _window_figures as window
+    from .streams import failure_words
 
     busy = await _wait_idle(conn, min(conn.timeout, IDLE_WAIT_S)) if watch_metrics else None
     if isinstance(conn, Connection):
@@ -631,7 +632,15 @@ async def run_open_loop(
             rec = StreamRecord(keep_reads=keep_reads)
             sent.append(Sent(due, p, rec))
             tasks.append(loop.create_task(stream_to(conn, path, p.body, rec)))
-        await asyncio.gather(*tasks, return_exceptions=True)
+        ended = await asyncio.gather(*tasks, return_exceptions=True)
+        # a request's own failure is in its record; these stop the cell: the key refused, or
+        # an exception that is not the server's (the client's own), said in one line
+        for outcome in ended:
+            if isinstance(outcome, KeyRejected):
+                raise outcome
+        for outcome in ended:
+            if isinstance(outcome, Exception):
+                raise LLMSpeedError(failure_words(outcome))
     finally:
         for t in tasks:
             t.cancel()

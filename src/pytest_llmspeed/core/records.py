@@ -188,8 +188,8 @@ def open_record(
         sched_e2e_ms_ci=_ci(result.sched_e2e_ci, 2),
         open_tbt_ms_ci=_ci(result.tbt_ci, 4),
         samples=Samples(
-            ttft_ms=tuple(round(x, 3) for x in f.sched_ttft),
-            tbt_ms=tuple(round(x, 4) for x in f.tbt),
+            ttft_ms=tuple(round(float(x), 3) for x in f.sched_ttft),
+            tbt_ms=tuple(round(float(x), 4) for x in f.tbt),
         ),
         flags=result.flags,
         notes=result.notes,

@@ -375,6 +375,13 @@ class Stream:
             "stream": self.streaming,
             "queued": req.ready_at or None,
             "scheduled": req.scheduled_at,
+            # the engine's own queue time (what its queue-time histogram observes) and its
+            # prefix cache's record of the request: the leading blocks it found cached
+            "queue_time": (
+                req.scheduled_at - req.ready_at if req.scheduled_at is not None else None
+            ),
+            "cached_blocks": req.cached_tokens // self.server.core.block_size,
+            "block_size": self.server.core.block_size,
             "preemptions": req.preemptions,
         }
 
