@@ -234,3 +234,95 @@ def test_an_early_stop_and_another_prompt_length_are_counted():
     f = open_figures(sent, offered_s=2.0)
     assert f.early_stops == 1
     assert f.wrong_lengths == {101: 1}
+
+
+def test_an_open_loop_record_round_trips_through_the_file_junit_and_the_schema():
+    import jsonschema
+
+    from pytest_llmspeed.core.openloop import OpenLoopResult
+    from pytest_llmspeed.core.records import open_record
+    from pytest_llmspeed.results import Results, RunInfo, Status, loads
+    from tests.conftest import SCHEMA
+
+    sent = [_sent(i * 0.5, i * 0.5 + 0.001, i * 0.5 + 0.05, i * 0.5 + 0.4, 8) for i in range(8)]
+    result = OpenLoopResult(open_figures(sent, offered_s=4.0), expected_hit_share=0.25)
+    record = open_record(CellId.at_rate(8192, 2), result, context_tokens=8192)
+    assert record.status is Status.VALID and record.measured
+    assert record.sched_ttft_ms == pytest.approx(50) and record.sent_ttft_ms == pytest.approx(49)
+    assert record.sched_ttft_ms_ci is not None and record.open_completed == 8
+    run = RunInfo("pytest-llmspeed", "2026-12-01T00:00:00+00:00", "sim:tiny")
+    doc = Results(run, (record,)).dumps()
+    jsonschema.Draft202012Validator(SCHEMA).validate(json.loads(doc))
+    back = loads(doc).cells[0]
+    assert back == record and str(back.id) == "rate[8K-r2]"
+    props = dict(record.properties())
+    assert props["phase"] == "rate" and props["sched_ttft_ms"] == record.sched_ttft_ms
+    assert props["sched_ttft_ms_ci_low"] == record.sched_ttft_ms_ci[0]
+    assert props["expected_hit_share"] == 0.25 and "total_tok_s" not in props
+
+
+def _open_record(cid: CellId):
+    from pytest_llmspeed.core.openloop import OpenLoopResult
+    from pytest_llmspeed.core.records import open_record
+
+    sent = [_sent(i * 0.5, i * 0.5 + 0.001, i * 0.5 + 0.05, i * 0.5 + 0.4, 8) for i in range(8)]
+    share = 0.25 if cid.phase is Phase.TRACE else None
+    result = OpenLoopResult(open_figures(sent, offered_s=4.0), expected_hit_share=share)
+    return open_record(cid, result, context_tokens=8192 if cid.phase is Phase.RATE else None)
+
+
+def test_open_loop_cells_show_in_the_summary_all_measurements_and_the_page():
+    from pytest_llmspeed.report.page import render_page
+    from pytest_llmspeed.report.terminal import render
+    from pytest_llmspeed.results import Results, RunInfo
+
+    cells = [_open_record(CellId.at_rate(8192, 2)), _open_record(CellId.trace("day1"))]
+    text = "\n".join(render(cells, 160, True, []))
+    assert "Open loop (requests sent at their scheduled times" in text
+    row = next(line for line in text.splitlines() if line.startswith("rate[8K-r2]"))
+    assert "2.00 /" in row and "50 ms" in row and "8/8" in row  # offered, TTFT, completed
+    assert "Open loop: trace" in text and "≤1" in text  # All measurements: most in flight
+    assert "prefix-cache share the trace's blocks give" in text  # More figures
+    html = render_page(
+        Results(RunInfo("pytest-llmspeed", "2026-12-01", "sim:tiny"), tuple(cells))
+    ).html
+    assert "Open loop: rate" in html and "Open loop: trace" in html
+    assert "TTFT from the actual send" in html  # the page's further figures
+
+
+def test_open_loop_cells_are_compared_by_their_ttft_from_the_schedule():
+    from pytest_llmspeed.report.compare import headline
+
+    record = _open_record(CellId.at_rate(8192, 2))
+    assert headline(record) == ("sched_ttft_ms", record.sched_ttft_ms)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "words"),
+    [
+        ("rates", "2,x", "give requests per second, comma-separated"),
+        ("rates", "0", "0 is not a rate from 0.001 to 10,000/s"),
+        ("rates", "2,2.0", "2.0 is given twice"),
+        ("rates", ",", "give requests per second"),
+        ("burstiness", "0", "must be a positive number"),
+        ("trace_speed", "nan", "must be a positive number"),
+        ("rate_seed", "-1", "must be a whole number"),
+    ],
+)
+def test_open_loop_options_refuse_what_they_cannot_use(key, value, words):
+    from pytest_llmspeed.plugin.settings import _convert
+
+    with pytest.raises(ValueError, match=words):
+        _convert(key, value)
+
+
+def test_the_options_read_rates_and_the_trace(tmp_path):
+    from pytest_llmspeed.plugin.settings import _convert
+
+    assert _convert("rates", "0.5, 2,8") == (0.5, 2.0, 8.0)
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 4, "output_length": 1}\n{"x": 1}\n')
+    with pytest.raises(ValueError, match=r"^line 2: 'timestamp' must be a number"):
+        _convert("trace", str(path))
+    path.write_text('{"timestamp": 0, "input_length": 4, "output_length": 1}\n')
+    assert _convert("trace", str(path)).name == "t"

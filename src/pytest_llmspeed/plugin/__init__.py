@@ -26,6 +26,8 @@ MARKERS = (
     "llmspeed: an LLM serving speed test (pytest-llmspeed)",
     "prefill: a prefill cell (cold-cache prompt throughput and TTFT)",
     "decode: a sustained-decode cell (N requests in flight for a fixed window)",
+    "rate: an open-loop cell: requests arriving at a rate, whatever the server does",
+    "trace: an open-loop cell: a trace of requests replayed at its times",
 )
 
 
@@ -267,6 +269,9 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     run = _run(metafunc.config)
     names = metafunc.fixturenames
+    if run is not None and "llm_trace" in names and run.settings.trace is not None:
+        trace = run.settings.trace  # the trace cell: trace[NAME] (docs/workloads.md)
+        metafunc.parametrize("llm_trace", [trace], indirect=True, ids=[trace.name])
     if run is None or "llm_prefix" not in names:
         return
     if any(
@@ -285,6 +290,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         ]
 
     conf = run.settings
+    if "llm_rate" in names:  # an open-loop rate cell per context and rate (docs/workloads.md)
+        pairs = [(c, r) for c in conf.contexts for r in conf.rates]
+        metafunc.parametrize(
+            ("llm_prefix", "llm_rate"),
+            pairs,
+            indirect=True,
+            ids=[CellId.at_rate(c, r).param_id for c, r in pairs],
+        )
+        return
     if "llm_concurrency" in names:
         if any(
             m.name == "parametrize" and "llm_concurrency" in str(m.args[0])
@@ -332,7 +346,14 @@ def pytest_collection_modifyitems(
         module = pytest.Module.from_parent(
             session, path=Path(suite.__file__), nodeid=_suite_nodeid(config)
         )
-        items.extend(session.genitems(module))
+        # the open-loop cells only when asked for: --llm-rates, --llm-trace
+        wanted = {
+            "test_rate": bool(run.settings.rates),
+            "test_trace": run.settings.trace is not None,
+        }
+        items.extend(
+            i for i in session.genitems(module) if wanted.get(getattr(i, "originalname", ""), True)
+        )
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is None or "llm_prefix" not in callspec.params:
@@ -344,7 +365,9 @@ def pytest_collection_modifyitems(
             context = normalize_context(callspec.params["llm_prefix"])
         except MatrixError as exc:
             raise pytest.UsageError(f"{item.nodeid}: llm_prefix parameter: {exc}") from None
-        if "llm_concurrency" in getattr(item, "fixturenames", ()):
+        if "llm_rate" in getattr(item, "fixturenames", ()):
+            cid = CellId.at_rate(context, float(callspec.params.get("llm_rate", 1)))
+        elif "llm_concurrency" in getattr(item, "fixturenames", ()):
             cid = CellId.decode(context, int(callspec.params.get("llm_concurrency", 1)))
         else:
             cid = CellId.prefill(context)

@@ -14,7 +14,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import pytest
 
@@ -22,10 +22,21 @@ from .stash import RUN_KEY
 
 if TYPE_CHECKING:
     from ..core.bench import Bench
+    from ..core.errors import LLMSpeedError
+    from ..core.openloop import OpenLoopResult, Trace
     from ..core.probe import ServerInfo
     from ..core.protocol import DecodeResult, PrefillResult
     from ..results import CellId, CellRecord, Status
     from .session import LLMSpeedRun
+
+
+T = TypeVar("T")
+
+
+def _is_trace_error(exc: Exception) -> bool:
+    from ..core.openloop import TraceError
+
+    return isinstance(exc, TraceError)
 
 
 def _active_run(request: pytest.FixtureRequest) -> LLMSpeedRun:
@@ -200,11 +211,122 @@ class CellRunner:
 
         return self._finish(record, again)
 
+    def rate(self, prefix: WarmPrefix, rate: float) -> CellRecord:
+        """Run the open-loop rate cell (prefix context, requests per second): requests sent at
+        their scheduled times for --llm-duration (docs/workloads.md); fail on errors or on a
+        confirmed miss of the baseline."""
+        from ..results import CellId
+
+        cid = CellId.at_rate(prefix.param, rate)
+        s = self.run.settings
+        bench = self.run.server.bench
+        assert bench is not None
+
+        def measure() -> OpenLoopResult:
+            assert bench is not None
+            return bench.rate(prefix.tokens, rate, s.burstiness, s.rate_seed)
+
+        return self._open(cid, measure, prefix.tokens)
+
+    def trace(self, trace: Trace) -> CellRecord:
+        """Replay ``trace`` (--llm-trace) at its times (--llm-trace-speed): the cell
+        ``trace[NAME]``; fail on errors or on a confirmed miss of the baseline."""
+        from ..results import CellId
+
+        bench = self.run.server.bench
+        assert bench is not None
+
+        def measure() -> OpenLoopResult:
+            assert bench is not None
+            return bench.replay(trace, self.run.settings.trace_speed)
+
+        return self._open(CellId.trace(trace.name), measure, None)
+
+    def _open(
+        self, cid: CellId, measure: Callable[[], OpenLoopResult], tokens: int | None
+    ) -> CellRecord:
+        """An open-loop cell: announced, skipped where it cannot run, measured, failed when
+        not valid (:func:`~pytest_llmspeed.core.openloop.open_status`), else gated."""
+        from ..results import Phase, Status
+
+        if self.run.progress is not None:
+            self.run.progress.announce(cid)
+        if cid.phase is Phase.RATE:
+            skip = self.run.server.skip(cid)
+            if skip:
+                _skip(self.run, cid, skip.status, skip.reason)
+        record = self._measure_open(cid, measure, tokens)
+        if record.status is not Status.VALID:
+            assert record.reason is not None
+            self.run.store.record(record)
+            self._attach(record)
+            pytest.fail(f"{cid}: {record.reason}", pytrace=False)
+
+        def again() -> CellRecord:
+            rec = self._measure_open(cid, measure, tokens)
+            if rec.status is not Status.VALID:
+                pytest.fail(f"{cid} (re-measured): {rec.reason}", pytrace=False)
+            return rec
+
+        return self._finish(record, again)
+
+    def _guarded(self, cid: CellId, measure: Callable[[], T]) -> T | LLMSpeedError:
+        """``measure()``, or the core's error that stopped it (a session that cannot go on
+        after it is stopped); a cut from outside (pytest-timeout, Ctrl-C) is recorded as the
+        cell's error and fails the test (Ctrl-C raised again)."""
+        from ..core.errors import CellCut, LLMSpeedError
+
+        started = time.perf_counter()
+        try:
+            return measure()
+        except LLMSpeedError as exc:
+            if not _is_trace_error(exc):
+                _stop_if_fatal(self.request, self.run, exc)
+            return exc
+        except CellCut as exc:
+            cut = str(exc)
+        except KeyboardInterrupt:
+            words = f"cut after {time.perf_counter() - started:.1f} s by Ctrl-C"
+            _record_cut(self.run, self.request.node, cid, words)
+            raise
+        # failed outside the except block: no chained traceback
+        _record_cut(self.run, self.request.node, cid, cut)
+        pytest.fail(f"{cid}: {cut}", pytrace=False)
+
+    def _measure_open(
+        self, cid: CellId, measure: Callable[[], OpenLoopResult], tokens: int | None
+    ) -> CellRecord:
+        """One measurement of an open-loop cell: its record, valid or not; an error that stops
+        the cell (a trace that does not fit the server, a cut) fails the test here."""
+        from ..core.errors import LLMSpeedError
+        from ..core.openloop import open_status
+        from ..core.records import open_record, unmeasured_record
+        from ..core.status import cell_status
+        from ..results import Status
+        from .messages import cell_words
+
+        assert self.run.server.bench is not None
+        max_error_rate = self.run.server.bench.config.max_error_rate
+        outcome = self._guarded(cid, measure)
+        if isinstance(outcome, LLMSpeedError):
+            if _is_trace_error(outcome):  # its words name the file and the line
+                status, words = Status.ERROR, f"--llm-trace={outcome.message}"
+            else:
+                found = cell_status(outcome)
+                status, words = found.status, self.run.redact(cell_words(found))
+            rec = unmeasured_record(cid, status, words, tokens)
+            self.run.store.record(rec)
+            self._attach(rec)
+            pytest.fail(words if status is Status.ERROR else f"{cid}: {words}", pytrace=False)
+        state = open_status(outcome, max_error_rate)
+        reason = None if state.valid else self.run.redact(cell_words(state))
+        return open_record(cid, outcome, max_error_rate, tokens).with_status(state.status, reason)
+
     def _measure(self, cid: CellId, prefix: WarmPrefix) -> CellRecord:
         """One measurement of a decode cell: its record, valid or not as the core decides
         (:func:`~pytest_llmspeed.core.status.cell_status`); an error that stops the cell at
         once fails the test here."""
-        from ..core.errors import CellCut, LLMSpeedError
+        from ..core.errors import LLMSpeedError
         from ..core.records import decode_record, unmeasured_record
         from ..core.status import cell_status
         from ..results import Status
@@ -212,23 +334,9 @@ class CellRunner:
 
         assert cid.concurrency is not None and self.run.server.bench is not None
         max_error_rate = self.run.server.bench.config.max_error_rate
+        n = cid.concurrency
         outcome: DecodeResult | LLMSpeedError
-        started = time.perf_counter()
-        cut: str | None = None
-        try:
-            outcome = self.run.decode(prefix.tokens, cid.concurrency)
-        except LLMSpeedError as exc:
-            _stop_if_fatal(self.request, self.run, exc)
-            outcome = exc
-        except CellCut as exc:
-            cut = str(exc)
-        except KeyboardInterrupt:
-            words = f"cut after {time.perf_counter() - started:.1f} s by Ctrl-C"
-            _record_cut(self.run, self.request.node, cid, words)
-            raise
-        if cut is not None:  # failed outside the except block: no chained traceback
-            _record_cut(self.run, self.request.node, cid, cut)
-            pytest.fail(f"{cid}: {cut}", pytrace=False)
+        outcome = self._guarded(cid, lambda: self.run.decode(prefix.tokens, n))
         status = cell_status(outcome, max_error_rate)
         reason = None if status.valid else self.run.redact(cell_words(status))
         if isinstance(outcome, LLMSpeedError):
@@ -309,6 +417,24 @@ def llm_cell(
 def llm_concurrency(request: pytest.FixtureRequest) -> int:
     """Requests in flight for a decode cell (parametrized by the plugin)."""
     return int(getattr(request, "param", 1))
+
+
+@pytest.fixture
+def llm_rate(request: pytest.FixtureRequest) -> float:
+    """Requests per second of an open-loop rate cell (parametrized by the plugin from
+    --llm-rates)."""
+    return float(getattr(request, "param", 1.0))
+
+
+@pytest.fixture
+def llm_trace(request: pytest.FixtureRequest) -> Trace:
+    """The trace a trace cell replays (--llm-trace, read and checked when the run began)."""
+    trace = getattr(request, "param", None)
+    if trace is None:
+        trace = _active_run(request).settings.trace
+    if trace is None:
+        pytest.skip("pytest-llmspeed: no --llm-trace given")
+    return trace
 
 
 __all__ = ["CellRunner", "WarmPrefix"]

@@ -145,7 +145,7 @@ class Progress:
                 warmed.add(cid.label)
                 if rate and tokens:
                     left += tokens / rate
-            if cid.phase is Phase.DECODE or cid in self.open_cells:
+            if cid.phase in (Phase.DECODE, Phase.RATE) or cid in self.open_cells:
                 left += self.window_s + overhead
         return left
 
@@ -159,6 +159,10 @@ class Progress:
         up_to = "≤" if self.early_end else ""
         if cid.phase is Phase.DECODE:
             what = f"window {up_to}{self.window_s:g} s"
+        elif cid.phase is Phase.RATE:
+            what = f"open loop, sending for {self.window_s:g} s"
+        elif cid.phase is Phase.TRACE:
+            what = "trace replayed at its times"
         else:
             what = "measured when its prefix was warmed" if measured else "cold prefill"
         elapsed = clock(time.monotonic() - self.started)
@@ -205,6 +209,13 @@ class Progress:
                 return f"{head} {reason}"
             return f"{head} {label}: {reason}".rstrip(": ")
         status = "" if record.status is Status.VALID else f" {record.status.label}"
+        if record.phase.open_loop:
+            sched = record.sched_ttft_ms
+            return (
+                f"{head}{status}: {record.open_completed}/{record.open_requests} requests · "
+                + (f"TTFT {sched:,.0f} ms from the schedule · " if sched is not None else "")
+                + f"{record.achieved_rate or 0:,.2f} req/s done ({took:.0f} s)"
+            )
         if record.phase is Phase.PREFILL:
             return (
                 f"{head}{status}: {record.prompt_tok_s:,.1f} prompt tok/s · "

@@ -25,8 +25,18 @@ if TYPE_CHECKING:
     from .settings import Settings
 
 #: the fixtures that need the server (any one of them in a test's closure)
-FIXTURES = frozenset({"llm_cell", "llm_prefix", "llm_bench", "llm_server", "llm_concurrency"})
-_SUITE_MARKERS = re.compile(r"\b(decode|prefill|llmspeed)\b")
+FIXTURES = frozenset(
+    {
+        "llm_cell",
+        "llm_prefix",
+        "llm_bench",
+        "llm_server",
+        "llm_concurrency",
+        "llm_rate",
+        "llm_trace",
+    }
+)
+_SUITE_MARKERS = re.compile(r"\b(decode|prefill|llmspeed|rate|trace)\b")
 #: at most this many cells are named one by one in the header when they are not a grid
 NAMED_CELLS = 4
 
@@ -45,6 +55,7 @@ def is_open(item: pytest.Item) -> bool:
     return (
         "llm_cell" in names
         and "llm_concurrency" not in names
+        and "llm_rate" not in names  # a rate cell: named at collection (rate[8K-r2])
         and item.get_closest_marker("prefill") is None
     )
 
@@ -64,9 +75,11 @@ def selected_words(cells: list[CellId], open_contexts: list[int | str]) -> str:
     ``contexts 8K,16K · prefill only``, else ``cells decode[8K-c1], decode[16K-c2]`` (a few)
     or ``7 cells (not a full grid) · contexts … · concurrency …``; then the open tests: ``your
     test at 4K picks its cells (named as they run)``."""
-    from ..results import Phase
+    from ..results import Phase, rate_label
 
     parts = []
+    rated = [c for c in cells if c.phase is Phase.RATE]
+    cells = [c for c in cells if not c.phase.open_loop]
     decode = [c for c in cells if c.phase is Phase.DECODE]
     contexts = _listed(c.context for c in cells)
     concurrency = ",".join(map(str, sorted({c.concurrency for c in decode if c.concurrency})))
@@ -84,6 +97,9 @@ def selected_words(cells: list[CellId], open_contexts: list[int | str]) -> str:
             f"{len(set(cells))} cells (not a full grid) · contexts {contexts} · "
             f"concurrency {concurrency}"
         )
+    if rated:  # open-loop rate cells (docs/workloads.md)
+        rates = ",".join(rate_label(r) for r in sorted({c.rate for c in rated if c.rate}))
+        parts.append(f"rate cells at {_listed(c.context for c in rated)} · rates {rates}/s")
     if open_contexts:
         at = _listed(open_contexts)
         parts.append(

@@ -133,6 +133,36 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("max-output", "max_tokens of every decode request", default="4096"),
     Option(
+        "rates",
+        "open-loop arrival rates in requests per second, e.g. 0.5,2,8: a rate cell per "
+        "context and rate (rate[8K-r2], marker rate) sends requests at those times for "
+        "--llm-duration whatever the server does; its latencies count from each request's "
+        "scheduled send (docs/workloads.md)",
+    ),
+    Option(
+        "burstiness",
+        "the rate cells' arrivals: the shape of the gamma distribution of the gaps between "
+        "sends (1: a Poisson process; below 1 burstier, above 1 more even; the mean gap stays "
+        "1/rate), as vLLM bench serve's --burstiness",
+        default="1",
+    ),
+    Option(
+        "rate-seed",
+        "the seed the rate cells' arrival times are drawn from (the same seed, the same arrivals)",
+        default="0",
+    ),
+    Option(
+        "trace",
+        "replay this JSONL trace of requests (the Mooncake format: timestamp in ms, "
+        "input_length, output_length, optional hash_ids of 512-token prefix blocks) at its "
+        "times: the cell trace[NAME], marker trace (docs/workloads.md)",
+    ),
+    Option(
+        "trace-speed",
+        "replay --llm-trace this many times faster (2: twice as fast; 0.5: half as fast)",
+        default="1",
+    ),
+    Option(
         "client-processes",
         "client processes that read a decode cell's streams, each with its own event loop: a "
         "number, or auto (one, and one more for the next cells whenever a cell's client used "
@@ -311,6 +341,13 @@ class Settings:
     min_duration: float = 5.0
     prefill_repeats: int = 1
     max_output: int = 4096
+    #: open-loop cells (docs/workloads.md): arrival rates (requests/s), their gaps' gamma
+    #: shape and seed; a trace (core.openloop.Trace, read at configure time) and its speed
+    rates: tuple[float, ...] = ()
+    burstiness: float = 1.0
+    rate_seed: int = 0
+    trace: Any = None
+    trace_speed: float = 1.0
     client_processes: int | str = 1  # or "auto"
     slo: tuple[Any, ...] = ()  # gate.slo.Bound: --llm-slo's objectives
     kv_capacity: int | None = None
@@ -367,6 +404,11 @@ class Settings:
             "min_duration_s": self.min_duration if self.precision is not None else None,
             "prefill_repeats": self.prefill_repeats,
             "max_output": self.max_output,
+            "rates": list(self.rates) or None,
+            "burstiness": self.burstiness if self.rates else None,
+            "rate_seed": self.rate_seed if self.rates else None,
+            "trace": self.trace.source if self.trace is not None else None,
+            "trace_speed": self.trace_speed if self.trace is not None else None,
             "client_processes": self.client_processes,
             "slo": slo_text(self.slo) if self.slo else None,
             "kv_capacity_option": self.kv_capacity,
@@ -482,6 +524,13 @@ def endpoint_of(config: pytest.Config) -> str | None:
     return (values[0] if values else None) or raw_value(config, serve)[0] or None
 
 
+def _refused(config: pytest.Config, name: str, why: str) -> pytest.UsageError:
+    """The usage error for option ``name``'s winning value, named where it came from."""
+    opt = next(o for o in OPTIONS if o.name == name)
+    given, source = raw_value(config, opt)
+    return _bad(source, str(given), why)
+
+
 def _bad(source: str, value: str, why: str) -> pytest.UsageError:
     from ..core.text import redact_known
 
@@ -516,20 +565,16 @@ def load(config: pytest.Config) -> Settings:
         _derive_endpoint(config, values)
     min_duration = values["min_duration"] or 5.0
     if values["precision"] is not None and min_duration > (values["duration"] or 30.0):
-        opt = next(o for o in OPTIONS if o.name == "min-duration")
-        given, source = raw_value(config, opt)
-        raise _bad(
-            source,
-            str(given),
+        raise _refused(
+            config,
+            "min-duration",
             f"is longer than --llm-duration ({values['duration'] or 30.0:g} s): a window "
             "that may end early must be allowed to: lower it, or raise --llm-duration",
         )
     if values["precision"] is not None and values["client_processes"] not in (None, 1):
-        opt = next(o for o in OPTIONS if o.name == "client-processes")
-        given, source = raw_value(config, opt)
-        raise _bad(
-            source,
-            str(given),
+        raise _refused(
+            config,
+            "client-processes",
             "cannot go with --llm-precision: its early end needs the tokens while they arrive, "
             "and other processes read them; use one client process, or no --llm-precision",
         )
@@ -550,6 +595,18 @@ def load(config: pytest.Config) -> Settings:
                 "needs a server the plugin starts (--llm-serve, or --llm-endpoint=sim...), to "
                 "restart it between runs; against a server you start, run the same command "
                 "once per start with --llm-save-baseline",
+            )
+    if values["rates"]:
+        from ..core.openloop import MAX_RATE_REQUESTS
+
+        most = max(values["rates"]) * (values["duration"] or 30.0)
+        if most > MAX_RATE_REQUESTS:
+            raise _refused(
+                config,
+                "rates",
+                f"{max(values['rates']):g}/s for --llm-duration {values['duration'] or 30.0:g} s "
+                f"is about {most:,.0f} requests, more than {MAX_RATE_REQUESTS:,} in one cell: "
+                "lower the rate or the duration",
             )
     _check_ab(config, values)
     if values["prefill_repeats"] is None:
@@ -774,6 +831,24 @@ def _convert(key: str, value: str) -> Any:
         return tuple(parse_concurrency(value))
     if key == "precision":
         return _precision(value)
+    if key == "rates":
+        return _rates(value)
+    if key in ("burstiness", "trace_speed"):
+        number = _float(value, "must be a positive number")
+        if not (math.isfinite(number) and 0 < number <= 1000):
+            raise ValueError("must be a positive number (at most 1000)")
+        return number
+    if key == "rate_seed":
+        if not value.strip().isdigit():
+            raise ValueError("must be a whole number (0, 1, 2, ...)")
+        return int(value)
+    if key == "trace":
+        from ..core.openloop import TraceError, read_trace
+
+        try:
+            return read_trace(value)
+        except TraceError as exc:  # its words name the file: the option's name is added
+            raise ValueError(exc.message.removeprefix(value + ": ")) from None
     if key in ("duration", "timeout", "serve_timeout", "min_duration"):
         number = _float(value, "must be a positive number of seconds")
         if not math.isfinite(number) or number <= 0:
@@ -850,6 +925,28 @@ def _convert(key: str, value: str) -> Any:
 
         return redact_secrets(value.strip())
     return value
+
+
+def _rates(value: str) -> tuple[float, ...]:
+    """``0.5,2,8`` → (0.5, 2.0, 8.0): positive request rates, each once, as a cell id writes
+    them (at most 6 decimals)."""
+    from ..results import rate_label
+
+    why = "give requests per second, comma-separated, e.g. 0.5,2,8"
+    out: list[float] = []
+    for part in value.split(","):
+        if not part.strip():
+            continue
+        number = _float(part.strip(), why)
+        if not (math.isfinite(number) and 0.001 <= number <= 10_000):
+            raise ValueError(f"{part.strip()} is not a rate from 0.001 to 10,000/s: {why}")
+        number = float(rate_label(number))
+        if number in out:
+            raise ValueError(f"{part.strip()} is given twice: {why}")
+        out.append(number)
+    if not out:
+        raise ValueError(why)
+    return tuple(out)
 
 
 def _precision(value: str) -> float:

@@ -17,3 +17,18 @@ def test_decode(llm_prefix, llm_concurrency, llm_cell):
     """Sustained decode at one context with N requests in flight."""
     record = llm_cell.decode(llm_prefix, llm_concurrency)
     assert record.output_tokens, "no output token arrived inside the window"
+
+
+@pytest.mark.rate
+def test_rate(llm_prefix, llm_rate, llm_cell):
+    """Open loop at one context: requests arriving at a rate for --llm-duration, whatever the
+    server does; latencies from each request's scheduled send (docs/workloads.md)."""
+    record = llm_cell.rate(llm_prefix, llm_rate)
+    assert record.open_requests, "the schedule sent no request"
+
+
+@pytest.mark.trace
+def test_trace(llm_trace, llm_cell):
+    """Open loop: --llm-trace's requests replayed at its times, its prefix blocks shared."""
+    record = llm_cell.trace(llm_trace)
+    assert record.open_requests, "the trace sent no request"

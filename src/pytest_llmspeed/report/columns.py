@@ -28,16 +28,29 @@ class Column:
     #: the page's words for the cell, where they differ from the terminal's (the head's: the
     #: status's label, the resolved context); a figure's text is the same in both
     on_page: Callable[[CellRecord], str] | None = None
+    #: an open-loop cell's text (rate, trace: docs/workloads.md); None: "—"
+    open: Callable[[CellRecord], str] | None = None
 
     def text(self, cell: CellRecord, page: bool = False) -> str:
         if page and self.on_page is not None:
             return self.on_page(cell)
-        show = self.decode if cell.phase is Phase.DECODE else self.prefill
+        if cell.phase.open_loop:
+            show = self.open
+        else:
+            show = self.decode if cell.phase is Phase.DECODE else self.prefill
         return show(cell) if show is not None else NONE
 
 
+_PHASE_WORDS = {
+    Phase.PREFILL: "Prefill",
+    Phase.DECODE: "Sustained decode",
+    Phase.RATE: "Open loop: rate",
+    Phase.TRACE: "Open loop: trace",
+}
+
+
 def _phase(c: CellRecord) -> str:
-    return "Prefill" if c.phase is Phase.PREFILL else "Sustained decode"
+    return _PHASE_WORDS[c.phase]
 
 
 def _context(c: CellRecord) -> str:
@@ -45,6 +58,8 @@ def _context(c: CellRecord) -> str:
 
 
 def _concurrency(c: CellRecord) -> str:
+    if c.phase.open_loop:  # as many as the open loop had open at once
+        return NONE if c.max_in_flight is None else f"≤{c.max_in_flight}"
     return "" if c.concurrency is None else str(c.concurrency)
 
 
@@ -54,16 +69,23 @@ def _status(c: CellRecord) -> str:
 
 #: the head of every row: which cell, and its status (shown for a cell with no figures too)
 HEAD: tuple[Column, ...] = (
-    Column("Phase", _phase, _phase),
-    Column("Context", _context, _context, on_page=lambda c: str(c.context_display or c.context)),
+    Column("Phase", _phase, _phase, open=_phase),
+    Column(
+        "Context",
+        _context,
+        _context,
+        on_page=lambda c: str(c.context_display or c.context),
+        open=_context,
+    ),
     Column(
         "Requests at once",
         _concurrency,
         _concurrency,
         "Requests",
-        on_page=lambda c: str(c.concurrency),
+        on_page=lambda c: _concurrency(c) if c.phase.open_loop else str(c.concurrency),
+        open=_concurrency,
     ),
-    Column("Status", _status, _status, on_page=lambda c: c.status.label),
+    Column("Status", _status, _status, on_page=lambda c: c.status.label, open=_status),
 )
 
 #: the figures: "—" in each for a cell that has none
@@ -72,6 +94,7 @@ FIGURES: tuple[Column, ...] = (
         "Total tok/s",
         lambda c: fmt_rate(c.total_tok_s) + pm(c.total_tok_s, c.total_tok_s_ci),
         lambda c: fmt_rate(c.prompt_tok_s) + pm(c.prompt_tok_s, c.prompt_tok_s_ci),
+        open=lambda c: fmt_rate(c.open_output_tok_s),
     ),
     Column(
         "Per request tok/s",
@@ -81,10 +104,25 @@ FIGURES: tuple[Column, ...] = (
         "TTFT",
         lambda c: fmt_ms(c.ttft_ms) + fmt_ci_ms(c.ttft_ms_ci),
         lambda c: fmt_ms(c.ttft_ms) + fmt_ci_ms(c.ttft_ms_ci),
+        open=lambda c: fmt_ms(c.sched_ttft_ms) + fmt_ci_ms(c.sched_ttft_ms_ci),
     ),
-    Column("TTFT p90", lambda c: fmt_ms(c.ttft_p90_ms), page_only=True),
-    Column("TTFT p99", lambda c: fmt_ms(c.ttft_p99_ms), page_only=True),
-    Column("Time between tokens", lambda c: fmt_tbt(c.tbt_ms) + fmt_ci_ms(c.tbt_ms_ci, 2)),
+    Column(
+        "TTFT p90",
+        lambda c: fmt_ms(c.ttft_p90_ms),
+        page_only=True,
+        open=lambda c: fmt_ms(c.sched_ttft_p90_ms),
+    ),
+    Column(
+        "TTFT p99",
+        lambda c: fmt_ms(c.ttft_p99_ms),
+        page_only=True,
+        open=lambda c: fmt_ms(c.sched_ttft_p99_ms),
+    ),
+    Column(
+        "Time between tokens",
+        lambda c: fmt_tbt(c.tbt_ms) + fmt_ci_ms(c.tbt_ms_ci, 2),
+        open=lambda c: fmt_tbt(c.open_tbt_ms) + fmt_ci_ms(c.open_tbt_ms_ci, 2),
+    ),
     Column("TBT p90", lambda c: fmt_tbt(c.tbt_p90_ms), page_only=True),
     Column("TBT p99", lambda c: fmt_tbt(c.tbt_p99_ms), page_only=True),
     Column("Average active requests", lambda c: f"{c.avg_active or 0:.1f}", short="Avg active"),
@@ -93,9 +131,14 @@ FIGURES: tuple[Column, ...] = (
         lambda c: str(c.completed),
         lambda c: str(c.repeats or 1),
         short="Completed",
+        open=lambda c: str(c.open_completed),
     ),
     Column("Output tokens", lambda c: f"{c.output_tokens or 0:,}"),
-    Column("Measured for", lambda c: f"{c.measured_s or 0:.1f} s"),
+    Column(
+        "Measured for",
+        lambda c: f"{c.measured_s or 0:.1f} s",
+        open=lambda c: f"{c.open_span_s or 0:.1f} s",
+    ),
 )
 
 

@@ -77,6 +77,46 @@ def prefill_table(cells: list[CellRecord]) -> str:
     )
 
 
+def open_table(cells: list[CellRecord]) -> str:
+    """The open-loop cells (docs/workloads.md), one row each: offered and achieved rate, the
+    latencies from the scheduled send (and TTFT from the actual send), time between tokens,
+    output tok/s, requests completed / sent, the most in flight, the server's queue time."""
+
+    def rate(x: float | None) -> str:
+        return "—" if x is None else f"{x:,.2f}"
+
+    rows = []
+    for c in cells:
+        if not c.measured:
+            rows.append([str(c.id), c.status.label, *[""] * 8])
+            continue
+        mark = " ✗" if c.status is Status.FAILED else ""
+        rows.append(
+            [
+                str(c.id) + mark,
+                f"{rate(c.offered_rate)} / {rate(c.achieved_rate)}",
+                f"{fmt_ms(c.sched_ttft_ms)} / {fmt_ms(c.sched_ttft_p99_ms)}",
+                fmt_ms(c.sent_ttft_ms),
+                fmt_ms(c.sched_e2e_ms),
+                fmt_tbt(c.open_tbt_ms),
+                fmt_rate(c.open_output_tok_s),
+                f"{c.open_completed}/{c.open_requests}",
+                str(c.max_in_flight),
+                fmt_ms(c.server_queue_ms),
+            ]
+        )
+    return tabulate(
+        rows,
+        headers=[
+            "Cell", "req/s offered / done", "TTFT p50 / p99", "TTFT from send", "end-to-end",
+            "TBT", "output tok/s", "completed", "most in flight", "server queue",
+        ],
+        tablefmt="simple",
+        disable_numparse=True,
+        colalign=("left",) + ("right",) * 9,
+    )  # fmt: skip
+
+
 def decode_matrix(cells: list[CellRecord], width: int) -> list[str]:
     """Rows context, columns concurrency. Wide: ``tok/s · TTFT``; compact: two matrices."""
     conc = sorted({c.concurrency for c in cells})
@@ -189,6 +229,14 @@ def render(
         capacity_lines = slo_lines(objectives, capacity or {}, decode, baseline_capacity)
         if capacity_lines:
             lines += ["", *capacity_lines]
+    open_cells = [c for c in cells if c.phase.open_loop]
+    if open_cells:
+        lines += [
+            "Open loop (requests sent at their scheduled times; latencies are medians counted "
+            "from the scheduled send)",
+            open_table(open_cells),
+            "",
+        ]
     if verbose and cells:
         lines += ["", "All measurements", details_table(cells)]
         header, rows = further_figures(cells)

@@ -1,0 +1,143 @@
+"""Open-loop cells through the plugin (docs/workloads.md): --llm-rates and --llm-trace against
+the built-in simulator, as users run them; a broken trace is one line."""
+
+import json
+
+import pytest
+from junitparser import JUnitXml
+
+pytestmark = pytest.mark.slow  # each test here runs cells on the simulator
+
+TINY = "sim:tiny?speed=4"
+
+
+def _cells(pytester) -> dict[str, dict]:
+    doc = json.loads((pytester.path / "out.json").read_text())
+    return {c["id"]: c for c in doc["cells"]}
+
+
+def _properties(pytester, name: str) -> dict[str, str]:
+    xml = JUnitXml.fromfile(str(pytester.path / "out.xml"))
+    for suite in xml:
+        for case in suite:
+            if case.name == name:
+                return {p.get("name"): p.get("value") for p in case._elem.iter("property")}
+    raise AssertionError(f"no test {name} in the JUnit file")
+
+
+def test_rate_cells_run_per_context_and_rate_and_report_from_the_schedule(pytester):
+    result = pytester.runpytest(
+        f"--llm-endpoint={TINY}",
+        "--llm-contexts=1K",
+        "--llm-concurrency=1",
+        "--llm-rates=4,16",
+        "--llm-duration=1",
+        "--llm-max-output=16",
+        "--llm-results=out.json",
+        "--junitxml=out.xml",
+        "-m",
+        "rate",
+        "-v",
+        "-p",
+        "no:benchmark",
+    )
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "llmspeed::test_rate[[]1K-r4[]] PASSED*",
+            "llmspeed::test_rate[[]1K-r16[]] PASSED*",
+            "Open loop (requests sent at their scheduled times; latencies are medians*",
+            "*rate[[]1K-r4[]]*",
+        ]
+    )
+    cells = _cells(pytester)
+    assert {"rate[1K-r4]", "rate[1K-r16]", "prefill[1K]"} <= set(cells)
+    for cid in ("rate[1K-r4]", "rate[1K-r16]"):
+        cell = cells[cid]
+        assert cell["phase"] == "rate" and cell["status"] == "valid"
+        assert cell["open_requests"] >= 1 and cell["open_failed"] == 0
+        assert cell["open_completed"] == cell["open_requests"]
+        # from the schedule, never less than from the send
+        assert cell["sched_ttft_ms"] >= cell["sent_ttft_ms"] - 0.01
+        assert cell["sched_e2e_ms"] >= cell["sched_ttft_ms"]
+        assert cell["offered_rate"] == pytest.approx(cell["open_requests"] / 1.0)
+    # the same seed: the same arrivals at a rate, however often the run is repeated
+    assert cells["rate[1K-r16]"]["open_requests"] > cells["rate[1K-r4]"]["open_requests"]
+    props = _properties(pytester, "test_rate[1K-r4]")
+    assert float(props["sched_ttft_ms"]) == cells["rate[1K-r4]"]["sched_ttft_ms"]
+    assert props["phase"] == "rate" and "achieved_rate" in props
+
+
+def test_a_trace_is_replayed_as_trace_name_with_its_blocks_shared(pytester):
+    lines = [
+        {"timestamp": 0, "input_length": 1100, "output_length": 4, "hash_ids": [1, 2, 3]},
+        {"timestamp": 300, "input_length": 1100, "output_length": 4, "hash_ids": [1, 2, 4]},
+        {"timestamp": 600, "input_length": 300, "output_length": 4},
+    ]
+    (pytester.path / "day1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    result = pytester.runpytest(
+        f"--llm-endpoint={TINY}",
+        "--llm-trace=day1.jsonl",
+        "--llm-trace-speed=2",
+        "--llm-results=out.json",
+        "--junitxml=out.xml",
+        "-m",
+        "trace",
+        "-v",
+        "-p",
+        "no:benchmark",
+    )
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["llmspeed::test_trace[[]day1[]] PASSED*", "*trace[[]day1[]]*"])
+    cell = _cells(pytester)["trace[day1]"]
+    assert cell["phase"] == "trace" and cell["status"] == "valid"
+    assert cell["open_requests"] == 3 and cell["open_completed"] == 3
+    # 2 blocks of 512 shared by the second request: (2 × 512) / (1100 + 1100 + 300)
+    assert cell["expected_hit_share"] == pytest.approx(1024 / 2500, abs=1e-4)
+    assert cell["server"]["prefix_cache_hit_rate"] == pytest.approx(1024 / 2500)
+    assert cell["offered_rate"] == pytest.approx(3 / 0.3)  # 600 ms at twice the speed
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('{"timestamp": 0, "input_length": 5, "output_length": 5}\n{oops\n', "line 2: not JSON"),
+        ("", "no request in it: give a JSONL file of requests"),
+    ],
+)
+def test_a_broken_trace_is_one_line_before_any_cell(pytester, text, words):
+    (pytester.path / "bad.jsonl").write_text(text)
+    result = pytester.runpytest(f"--llm-endpoint={TINY}", "--llm-trace=bad.jsonl", "-m", "trace")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert f"ERROR: --llm-trace='bad.jsonl': {words}" in err
+    assert "Traceback" not in err + result.stdout.str()
+
+
+def test_a_trace_longer_than_the_servers_context_names_its_line(pytester):
+    lines = [
+        {"timestamp": 0, "input_length": 100, "output_length": 4},
+        {"timestamp": 10, "input_length": 2000, "output_length": 100},
+    ]
+    (pytester.path / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    result = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=4&max_model_len=2048",
+        "--llm-trace=long.jsonl",
+        "-m",
+        "trace",
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*--llm-trace=long.jsonl: line 2: input_length 2,000 + output_length 100 = 2,100 > the "
+         "server's max_model_len 2,048: drop or shorten that request*"]
+    )  # fmt: skip
+    assert "Traceback" not in result.stdout.str()
+
+
+def test_a_rate_too_high_for_one_cell_is_one_line_before_the_server_starts(pytester):
+    result = pytester.runpytest("--llm-endpoint=sim", "--llm-rates=2,5000", "--llm-duration=30")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: --llm-rates='2,5000': 5000/s for --llm-duration 30 s is about 150,000 requests, "
+         "more than 100,000 in one cell: lower the rate or the duration"]
+    )  # fmt: skip
