@@ -114,22 +114,28 @@ def test_a_broken_trace_is_one_line_before_any_cell(pytester, text, words):
     assert "Traceback" not in err + result.stdout.str()
 
 
-def test_a_trace_longer_than_the_servers_context_names_its_line(pytester):
+def test_trace_requests_longer_than_the_servers_context_are_left_out_with_their_line(pytester):
     lines = [
         {"timestamp": 0, "input_length": 100, "output_length": 4},
         {"timestamp": 10, "input_length": 2000, "output_length": 100},
     ]
     (pytester.path / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    result = pytester.runpytest(
-        "--llm-endpoint=sim:tiny?speed=4&max_model_len=2048",
-        "--llm-trace=long.jsonl",
-        "-m",
-        "trace",
-    )
+    args = ("--llm-trace=long.jsonl", "-m", "trace", "--llm-results=out.json")
+    result = pytester.runpytest("--llm-endpoint=sim:tiny?speed=4&max_model_len=2048", *args)
+    result.assert_outcomes(passed=1)
+    cell = _cells(pytester)["trace[long]"]
+    assert cell["open_requests"] == 1
+    assert cell["notes"] == [
+        "trace long: 1 of 2 requests left out, longer than the server's context (the first: "
+        "line 2: input_length 2,000 + output_length 100 = 2,100 > the server's max_model_len "
+        "2,048)"
+    ]
+    # none fits: the cell's error names the first's line, no traceback
+    result = pytester.runpytest("--llm-endpoint=sim:tiny?speed=4&max_model_len=100", *args)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
-        ["*--llm-trace=long.jsonl: line 2: input_length 2,000 + output_length 100 = 2,100 > the "
-         "server's max_model_len 2,048: drop or shorten that request*"]
+        ["*--llm-trace=long.jsonl: no request fits the server (line 1: input_length 100 + "
+         "output_length 4 = 104 > the server's max_model_len 100, and every other)*"]
     )  # fmt: skip
     assert "Traceback" not in result.stdout.str()
 

@@ -16,8 +16,8 @@ from pytest_llmspeed.core.openloop import (
     Planned,
     Sent,
     TraceError,
-    check_fits,
     expected_hit_share,
+    fitting,
     open_figures,
     parse_trace,
     rate_schedule,
@@ -131,9 +131,8 @@ def test_a_trace_is_bounded():
         parse_trace(_lines(many), "x")
     with pytest.raises(TraceError, match="a line over 64 KiB"):
         parse_trace(["x" * (65 << 10)], "x")
-    big = {"timestamp": 0, "input_length": 15_000_000, "output_length": 5}
-    with pytest.raises(TraceError, match="line 2: the prompts up to here have 30,000,000"):
-        parse_trace(_lines(big, big), "x")
+    with pytest.raises(TraceError, match="more than 100,000 lines: replay a part of it"):
+        parse_trace(['{"timestamp": 0, "input_length": 5, "output_length": 5}'] * 100_001, "x")
 
 
 def test_a_file_is_read_within_its_bounds(tmp_path):
@@ -146,7 +145,7 @@ def test_a_file_is_read_within_its_bounds(tmp_path):
         read_trace(tmp_path / "missing.jsonl")
 
 
-def test_lengths_beyond_the_servers_context_name_the_line():
+def test_requests_beyond_the_servers_context_are_left_out_and_said():
     trace = parse_trace(
         _lines(
             {"timestamp": 0, "input_length": 100, "output_length": 10},
@@ -154,10 +153,17 @@ def test_lengths_beyond_the_servers_context_name_the_line():
         ),
         "t.jsonl",
     )
-    check_fits(trace, None)
-    check_fits(trace, 2100)
-    with pytest.raises(TraceError, match=r"line 2: input_length 2,000 \+ output_length 100"):
-        check_fits(trace, 2099)
+    assert fitting(trace, None) == (trace, None)
+    assert fitting(trace, 2100) == (trace, None)
+    kept, note = fitting(trace, 2099)
+    assert [r.line for r in kept.requests] == [1]
+    assert note == (
+        "trace t: 1 of 2 requests left out, longer than the server's context (the first: "
+        "line 2: input_length 2,000 + output_length 100 = 2,100 > the server's max_model_len "
+        "2,099)"
+    )
+    with pytest.raises(TraceError, match=r"^t.jsonl: no request fits the server \(line 1: "):
+        fitting(trace, 100)
 
 
 def test_trace_names_are_cell_ids():

@@ -26,8 +26,8 @@ from .matrix import Limits, resolve_context
 from .openloop import (
     OpenLoopResult,
     Trace,
-    check_fits,
     expected_hit_share,
+    fitting,
     rate_plan,
     rate_schedule,
     run_open_loop,
@@ -508,11 +508,11 @@ class Bench:
 
     def replay(self, trace: Trace, speed: float = 1.0) -> OpenLoopResult:
         """One trace cell: ``trace``'s requests at its times divided by ``speed``, their
-        prompts sharing the blocks their hash ids name (token-id prompts only). A request that
-        does not fit in the server's max_model_len is a :class:`~.openloop.TraceError` naming
-        its line, before any request is sent."""
+        prompts sharing the blocks their hash ids name (token-id prompts only). The requests
+        that do not fit in the server's max_model_len are left out, said in the cell's notes
+        (none fits: a :class:`~.openloop.TraceError` naming the first's line)."""
         assert self.conn and self.factory and self.dialect and self.server
-        check_fits(trace, self.limits.max_model_len)
+        trace, left_out = fitting(trace, self.limits.max_model_len)
         factory, dialect, model = self.factory.fresh(), self.dialect, self.server.model
 
         async def cell() -> OpenLoopResult:
@@ -524,7 +524,10 @@ class Bench:
             )
 
         result = self.run(cell())
-        return dataclasses.replace(result, expected_hit_share=expected_hit_share(trace))
+        notes = (*result.notes, left_out) if left_out else result.notes
+        return dataclasses.replace(
+            result, expected_hit_share=expected_hit_share(trace), notes=notes
+        )
 
     @property
     def server_has_metrics(self) -> bool:

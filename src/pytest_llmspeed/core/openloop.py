@@ -16,13 +16,15 @@ omission).
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
 import json
 import math
 import os
-import random
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,8 +49,11 @@ TRACE_MAX_BYTES = 64 << 20
 TRACE_MAX_LINES = 100_000
 TRACE_MAX_LINE_BYTES = 64 << 10
 TRACE_MAX_BLOCKS = 4096
-#: prompt tokens of a whole trace, every request's together (their bodies are built first)
-TRACE_MAX_PROMPT_TOKENS = 20_000_000
+#: an open-loop cell builds its first requests' bodies before its first send, up to this many
+#: prompt tokens; each later one just before its send (send lag counts any delay that makes)
+PREBUILT_TOKENS = 4_000_000
+#: the token ids of this many blocks of a trace are kept, the least recently used dropped
+BLOCK_CACHE = 4096
 #: requests of one rate cell (rate × duration)
 MAX_RATE_REQUESTS = 100_000
 #: a cell whose p99 send lag is above this is flagged: the client sent late
@@ -163,7 +168,6 @@ def parse_trace(lines: Iterable[bytes | str], source: str, name: str | None = No
     ``hash_ids`` (whole numbers, at most :data:`TRACE_MAX_BLOCKS`); other keys are ignored.
     :class:`TraceError` for the first line that is not, or for a trace past its bounds."""
     requests: list[TraceRequest] = []
-    prompt_tokens = 0
     n = 0
     for n, raw in enumerate(lines, start=1):
         if n > TRACE_MAX_LINES:
@@ -205,15 +209,6 @@ def parse_trace(lines: Iterable[bytes | str], source: str, name: str | None = No
                     source, n, f"more than {TRACE_MAX_BLOCKS:,} hash_ids", "shorten the prompt"
                 )
             hashes = tuple(ids)
-        prompt_tokens += inp
-        if prompt_tokens > TRACE_MAX_PROMPT_TOKENS:
-            raise TraceError(
-                source,
-                n,
-                f"the prompts up to here have {prompt_tokens:,} tokens, more than "
-                f"{TRACE_MAX_PROMPT_TOKENS:,} in all",
-                "replay a part of it",
-            )
         requests.append(TraceRequest(n, float(ts), inp, out, hashes))
     if not requests:
         raise TraceError(source, 0, "no request in it", "give a JSONL file of requests")
@@ -245,21 +240,32 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     return parse_trace(lines, source)
 
 
-def check_fits(trace: Trace, max_model_len: int | None) -> None:
-    """:class:`TraceError` naming the first request whose prompt and output do not fit in the
-    server's ``max_model_len`` (nothing to check when it is unknown)."""
+def fitting(trace: Trace, max_model_len: int | None) -> tuple[Trace, str | None]:
+    """``trace`` without the requests whose prompt and output do not fit in the server's
+    ``max_model_len``, and a note saying how many were left out and the first one's line
+    (None when all fit, or the length is unknown). :class:`TraceError` when none fits."""
     if max_model_len is None:
-        return
-    for r in trace.requests:
-        if r.input_length + r.output_length > max_model_len:
-            raise TraceError(
-                trace.source,
-                r.line,
-                f"input_length {r.input_length:,} + output_length {r.output_length:,} = "
-                f"{r.input_length + r.output_length:,} > the server's max_model_len "
-                f"{max_model_len:,}",
-                "drop or shorten that request",
-            )
+        return trace, None
+    kept = tuple(r for r in trace.requests if r.input_length + r.output_length <= max_model_len)
+    if len(kept) == len(trace.requests):
+        return trace, None
+    first = next(r for r in trace.requests if r.input_length + r.output_length > max_model_len)
+    longest = (
+        f"line {first.line}: input_length {first.input_length:,} + output_length "
+        f"{first.output_length:,} = {first.input_length + first.output_length:,} > the "
+        f"server's max_model_len {max_model_len:,}"
+    )
+    if not kept:
+        raise TraceError(
+            trace.source, 0, f"no request fits the server ({longest}, and every other)",
+            "replay a trace of shorter requests, or on a server with a longer context",
+        )  # fmt: skip
+    left = len(trace.requests) - len(kept)
+    note = (
+        f"trace {trace.name}: {left:,} of {len(trace.requests):,} requests left out, longer "
+        f"than the server's context (the first: {longest})"
+    )
+    return Trace(trace.name, trace.source, kept), note
 
 
 def trace_schedule(trace: Trace, speed: float = 1.0) -> tuple[float, ...]:
@@ -317,12 +323,20 @@ def expected_hit_share(trace: Trace) -> float:
 
 @dataclass(frozen=True)
 class Planned:
-    """One request of a schedule: when it is due (s from the start), its body, its lengths."""
+    """One request of a schedule: when it is due (s from the start), its body (or how to
+    build it: :meth:`payload`), its lengths."""
 
     at: float
-    body: bytes = field(repr=False)
+    body: bytes | None = field(repr=False)
     prompt_tokens: int
     max_tokens: int
+    build: Callable[[], bytes] | None = field(default=None, repr=False, compare=False)
+
+    def payload(self) -> bytes:
+        if self.body is not None:
+            return self.body
+        assert self.build is not None
+        return self.build()
 
 
 async def rate_plan(
@@ -343,9 +357,53 @@ async def rate_plan(
     return [Planned(t, await prompts.next(), context, max_output) for t in times]
 
 
-def _block_ids(salt: int, block: int, pool: Sequence[int]) -> list[int]:
-    rng = random.Random(f"{salt}:block:{block}")
-    return [rng.choice(pool) for _ in range(BLOCK_TOKENS)]
+class _Blocks:
+    """The token ids of a trace's blocks, as JSON, drawn from the run's salt and each block's
+    id (the same id, the same tokens), the least recently used dropped past
+    :data:`BLOCK_CACHE`."""
+
+    def __init__(self, salt: int, pool: Sequence[int]) -> None:
+        self.salt, self.pool = salt, np.asarray(pool)
+        self.cache: OrderedDict[int, list[str]] = OrderedDict()
+
+    def _draw(self, key: str, n: int) -> list[str]:
+        seed = int.from_bytes(hashlib.sha256(f"{self.salt}:{key}".encode()).digest()[:8])
+        rng = np.random.default_rng(seed)
+        return [str(i) for i in self.pool[rng.integers(0, len(self.pool), n)].tolist()]
+
+    def ids(self, block: int) -> list[str]:
+        found = self.cache.get(block)
+        if found is not None:
+            self.cache.move_to_end(block)
+            return found
+        ids = self._draw(f"block:{block}", BLOCK_TOKENS)
+        self.cache[block] = ids
+        if len(self.cache) > BLOCK_CACHE:
+            self.cache.popitem(last=False)
+        return ids
+
+    def tail(self, request: int, n: int) -> list[str]:
+        """``n`` token ids of a request's own (no other request has them)."""
+        seed = int.from_bytes(
+            hashlib.sha256(f"{self.salt}:request:{request}".encode()).digest()[:8]
+        )
+        rng = np.random.default_rng(seed)
+        return [str(i) for i in self.pool[rng.integers(0, len(self.pool), n)].tolist()]
+
+
+def trace_body(blocks: _Blocks, index: int, r: TraceRequest, fields: dict[str, object]) -> bytes:
+    """Request ``index`` of a trace as a body: its blocks' tokens in order, cut to its
+    ``input_length``, then tokens of its own to that length."""
+    ids: list[str] = []
+    for h in r.hash_ids:
+        take = min(BLOCK_TOKENS, r.input_length - len(ids))
+        if take <= 0:
+            break
+        ids += blocks.ids(h)[:take]
+    if len(ids) < r.input_length:
+        ids += blocks.tail(index, r.input_length - len(ids))
+    rest = json.dumps(fields)[1:].encode()
+    return b"".join((b'{"prompt": [', ", ".join(ids).encode(), b"], ", rest))
 
 
 async def trace_plan(
@@ -358,39 +416,20 @@ async def trace_plan(
     """A trace's requests at its times: each prompt its blocks' tokens (block id → 512 token
     ids of the server's own tokenizer, drawn from the run's salt and the id: the same id, the
     same tokens), cut to its ``input_length``, then tokens of its own to that length. Token-id
-    prompts only (text would not keep the blocks' boundaries through the tokenizer)."""
+    prompts only (text would not keep the blocks' boundaries through the tokenizer). The
+    bodies are built when sent (:attr:`Planned.build`; the first ones before the cell)."""
     if not factory.uses_ids:
         raise LLMSpeedError(
             f"a trace replay needs token-id prompts (its shared blocks must be exact), and "
             f"this run sends {'chat messages' if factory.api == 'chat' else 'text'}",
             setting="prompt_form" if factory.api == "completions" else "api",
         )
-    pool = await factory.id_pool()
-    salt = factory.salt
-    blocks: dict[int, tuple[list[int], bytes]] = {}
+    blocks = _Blocks(factory.salt, await factory.id_pool())
     out: list[Planned] = []
     for i, (at, r) in enumerate(zip(trace_schedule(trace, speed), trace.requests, strict=True)):
-        parts: list[bytes] = []
-        have = 0
-        for h in r.hash_ids:
-            take = min(BLOCK_TOKENS, r.input_length - have)
-            if take <= 0:
-                break
-            if h not in blocks:
-                ids = _block_ids(salt, h, pool)
-                blocks[h] = (ids, ", ".join(map(str, ids)).encode())
-            ids, encoded = blocks[h]
-            if take < BLOCK_TOKENS:  # the prompt ends inside this block
-                encoded = ", ".join(map(str, ids[:take])).encode()
-            parts.append(encoded)
-            have += take
-        if have < r.input_length:
-            rng = random.Random(f"{salt}:request:{i}")
-            tail = [rng.choice(pool) for _ in range(r.input_length - have)]
-            parts.append(", ".join(map(str, tail)).encode())
-        rest = json.dumps(request_fields(model, r.output_length, dialect))[1:].encode()
-        body = b"".join((b'{"prompt": [', b", ".join(parts), b"], ", rest))
-        out.append(Planned(at, body, r.input_length, r.output_length))
+        fields = request_fields(model, r.output_length, dialect)
+        build = functools.partial(trace_body, blocks, i, r, fields)
+        out.append(Planned(at, None, r.input_length, r.output_length, build))
     return out
 
 
@@ -615,6 +654,12 @@ async def run_open_loop(
     sent: list[Sent] = []
     tasks: list[asyncio.Task[StreamRecord]] = []
     polls = []
+    bodies: list[bytes | None] = []
+    prebuilt = 0
+    for p in plan:  # the first bodies now, the others just before they are sent
+        ready = p.body is not None or prebuilt + p.prompt_tokens <= PREBUILT_TOKENS
+        bodies.append(p.payload() if ready else None)
+        prebuilt += p.prompt_tokens if ready else 0
     t0 = time.perf_counter() + LEAD_S
 
     async def poll() -> None:
@@ -624,14 +669,17 @@ async def run_open_loop(
 
     poller = loop.create_task(poll()) if watch_metrics else None
     try:
-        for p in plan:
+        for p, body in zip(plan, bodies, strict=True):
             due = t0 + p.at
+            if body is None:
+                await asyncio.sleep(0)  # the streams' reads first
+                body = p.payload()
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             rec = StreamRecord(keep_reads=keep_reads)
             sent.append(Sent(due, p, rec))
-            tasks.append(loop.create_task(stream_to(conn, path, p.body, rec)))
+            tasks.append(loop.create_task(stream_to(conn, path, body, rec)))
         ended = await asyncio.gather(*tasks, return_exceptions=True)
         # a request's own failure is in its record; these stop the cell: the key refused, or
         # an exception that is not the server's (the client's own), said in one line
