@@ -177,7 +177,13 @@ FIGURES: tuple[Figure, ...] = (
     _F("open_early_stops", "open", "early stops", kind=int),
     _F("send_lag_p99_ms", "open", "send lag p99 ms", "ms", digits=2, listed=True),
     _F("max_in_flight", "open", "most requests in flight", kind=int, listed=True),
-    _F("open_span_s", "open", "first scheduled send to last end", "s", digits=3),
+    _F(
+        "open_span_s",
+        "open",
+        "the schedule's start to its end or the last request's",
+        "s",
+        digits=3,
+    ),
     _F("server_queue_ms", "open", "server queue time ms", "ms", optional=True, listed=True),
     _F(
         "expected_hit_share",

@@ -213,9 +213,9 @@ def test_latencies_count_from_the_scheduled_send_and_from_the_actual_send_beside
     # the second request was sent 2 s late (a stalled client): its TTFT from the schedule
     # keeps the 2 s, from the send it does not
     sent = [
-        _sent(10.0, 10.0, 10.1, 11.0, 10),
-        _sent(11.0, 13.0, 13.1, 14.0, 10),
-        _sent(12.0, 13.0, 13.3, 15.0, 5, error="HTTP 500: boom", finished=False),
+        _sent(0.0, 0.0, 0.1, 1.0, 10),
+        _sent(1.0, 3.0, 3.1, 4.0, 10),
+        _sent(2.0, 3.0, 3.3, 5.0, 5, error="HTTP 500: boom", finished=False),
     ]
     f = open_figures(sent, offered_s=3.0)
     assert f.sched_ttft == pytest.approx((100, 2100, 1300))
@@ -229,7 +229,11 @@ def test_latencies_count_from_the_scheduled_send_and_from_the_actual_send_beside
     assert f.span_s == pytest.approx(5.0) and f.offered_rate == pytest.approx(1.0)
     assert f.achieved_rate == pytest.approx(2 / 5.0)
     assert f.output_tokens == 25 and f.output_tok_s == pytest.approx(5.0)
-    assert f.max_in_flight == 2  # 13-14 and 13-15 overlap; 10-11 ended before
+    assert f.max_in_flight == 2  # 3-4 and 3-5 overlap; 0-1 ended before
+    # a server that keeps up achieves the offered rate, no more: the span is the schedule's
+    # length at least
+    quick = open_figures([_sent(0.5, 0.5, 0.6, 0.7, 2), _sent(1.0, 1.0, 1.1, 1.2, 2)], 4.0)
+    assert quick.span_s == 4.0 and quick.achieved_rate == quick.offered_rate == 0.5
 
 
 def test_an_early_stop_and_another_prompt_length_are_counted():

@@ -454,7 +454,7 @@ class OpenFigures:
     completed: int
     failed: int
     early_stops: int
-    span_s: float  # first scheduled send to the last request's end
+    span_s: float  # the schedule's start to the later of its end and the last request's end
     offered_rate: float | None  # None: a schedule of no length (a trace of one request)
     achieved_rate: float
     sched_ttft: tuple[float, ...]  # per request with a first token: arrival − scheduled send
@@ -497,7 +497,9 @@ def _most_at_once(spans: Sequence[tuple[float, float]]) -> int:
 def open_figures(sent: Sequence[Sent], offered_s: float) -> OpenFigures:
     """The figures of an open-loop cell from its requests (their streams read, tokens
     accounted), ``offered_s`` the schedule's length (the rate cell's duration, the trace's span
-    at its speed). Pure."""
+    at its speed). The cell's span runs from the schedule's start (its time 0) to the later of
+    ``offered_s`` and the last request's end: the achieved rate and output tok/s are over it,
+    so a server that keeps up achieves the offered rate, no more. Pure."""
     sched_ttft: list[float] = []
     sent_ttft: list[float] = []
     sched_e2e: list[float] = []
@@ -508,8 +510,9 @@ def open_figures(sent: Sequence[Sent], offered_s: float) -> OpenFigures:
     errors: dict[str, int] = {}
     wrong: dict[int, int] = {}
     completed = failed = early = tokens = 0
-    first_due = min((s.due for s in sent), default=0.0)
-    last_end = first_due
+    # the schedule's time 0 on the clock (each request is due ``at`` after it)
+    origin = sent[0].due - sent[0].planned.at if sent else 0.0
+    last_end = origin
     for s in sent:
         rec = s.rec
         lags.append((rec.t_send - s.due) * 1e3)
@@ -536,7 +539,8 @@ def open_figures(sent: Sequence[Sent], offered_s: float) -> OpenFigures:
             sent_e2e.append((t_last - rec.t_send) * 1e3)
             if n < s.planned.max_tokens:
                 early += 1
-    span = last_end - first_due
+    # from the schedule's start to the later of its planned end and the last request's end
+    span = max(offered_s, last_end - origin)
     n_req = len(sent)
     return OpenFigures(
         requests=n_req,
