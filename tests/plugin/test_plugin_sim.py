@@ -218,7 +218,9 @@ def test_prefill_repeats_take_the_median_of_cold_requests(pytester, sim_url):
     assert doc["run"]["settings"]["prefill_repeats"] == 3
     cell = next(c for c in doc["cells"] if c["id"] == "prefill[4K]")
     samples = cell["samples"]["ttft_ms"]
-    assert cell["repeats"] == 3 and len(samples) == 3 and len(set(samples)) == 3
+    # three samples (not necessarily distinct: the simulator's cold prefills of one length can
+    # take the same time to 10 µs; three separate cold requests are shown by the trace below)
+    assert cell["repeats"] == 3 and len(samples) == 3
     assert cell["ttft_ms"] == pytest.approx(sorted(samples)[1], abs=0.01)
     assert cell["prompt_tok_s"] == pytest.approx(4096 / (cell["ttft_ms"] / 1e3), rel=1e-3)
     # every cold request was a full prefill: none of them hit a cache (each has its own
