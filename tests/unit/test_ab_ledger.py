@@ -74,9 +74,9 @@ def test_the_spread_is_pooled_over_the_cells_and_figures_of_a_kind():
 
 
 def test_clustered_degrees_of_freedom():
-    assert clustered_df([[1.0], [2.0], [3.0]]) == 3  # groups of one: each its own
-    assert clustered_df([[1.0] * 4, [2.0] * 4]) == 2  # two groups of four: two
-    assert clustered_df([[1.0] * 4, [2.0]]) == pytest.approx(25 / 17)  # by size
+    assert clustered_df([1, 1, 1]) == 3  # groups of one: each its own
+    assert clustered_df([4, 4]) == 2  # two groups of four: two
+    assert clustered_df([4, 1]) == pytest.approx(25 / 17)  # by size
     assert clustered_df([]) == 0
 
 

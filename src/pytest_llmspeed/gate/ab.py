@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,13 +87,13 @@ def kind_of(cell: str) -> str:
     return cell.partition("[")[0]
 
 
-def clustered_df(groups: Iterable[Sequence[float]]) -> float:
+def clustered_df(sizes: Iterable[int]) -> float:
     """The degrees of freedom of a spread whose samples come in groups that move together (a
-    block's figures share its starts): the samples over the groups' size weighed by size
-    (``Σ m_g / (Σ m_g² / Σ m_g)``), i.e. about one a group, as for a sample of few clusters
-    (Cameron & Miller 2015, "A practitioner's guide to cluster-robust inference": t with
-    G − 1 degrees of freedom). 0 without samples."""
-    sizes = [len(g) for g in groups if g]
+    block's figures share its starts), from the groups' sizes: the samples over the groups'
+    size weighed by size (``Σ m_g / (Σ m_g² / Σ m_g)``), i.e. about one a group, as for a
+    sample of few clusters (Cameron & Miller 2015, "A practitioner's guide to cluster-robust
+    inference": t with G − 1 degrees of freedom). 0 without samples."""
+    sizes = [m for m in sizes if m > 0]
     if not sizes:
         return 0.0
     return sum(sizes) ** 2 / sum(m * m for m in sizes)
@@ -139,14 +140,13 @@ class Spread:
     """The blocks' spread over some figures: ``ss``, the sum of squares of the blocks' d about
     each figure's mean and of their noise contrasts; ``own``, what the measurements' own
     noise accounts for of it; ``samples``, its divisor (2 n − 1 a figure of n blocks); the
-    values by block (d centred, noise contrasts: the groups that move together); whether
-    every round had an interval."""
+    sizes of the groups that move together (a block's d, a block's noise contrast: how many
+    figures each holds)."""
 
     ss: float
     own: float
     samples: int
-    groups: list[list[float]]
-    intervals: bool
+    groups: tuple[int, ...]
     least: int = 1  # the most samples one figure gives (2 n − 1)
 
     def df(self) -> float:
@@ -333,27 +333,23 @@ class Ledger:
         mean and their noise contrasts (see :class:`Spread`)."""
         ss = own = 0.0
         samples = least = 0
-        intervals = True
-        groups: dict[tuple[int, str], list[float]] = {}
+        groups: Counter[tuple[int, str]] = Counter()
         for cell in cells:
             for figure, _ in FIGURES.get(kind_of(cell), ()):
                 got = self.blocks(cell, figure)
                 if not got:
                     continue
-                mean = sum(b.d for b in got) / len(got)
-                ss += sum((b.d - mean) ** 2 + b.noise**2 for b in got)
-                samples += 2 * len(got) - 1  # one block: its noise contrast alone
-                least = max(least, 2 * len(got) - 1)
-                for b in got:
-                    if len(got) > 1:
-                        groups.setdefault((b.start, "d"), []).append(b.d - mean)
-                    groups.setdefault((b.start, "noise"), []).append(b.noise)
-                if any(b.d_own is None for b in got):
-                    intervals = False
-                    continue
                 n = len(got)
-                own += sum((b.d_own or 0.0) * (n - 1) / n + (b.noise_own or 0.0) for b in got)
-        return Spread(ss, own, samples, list(groups.values()), intervals, max(1, least))
+                mean = sum(b.d for b in got) / n
+                ss += sum((b.d - mean) ** 2 + b.noise**2 for b in got)
+                samples += 2 * n - 1  # one block: its noise contrast alone
+                least = max(least, 2 * n - 1)
+                groups.update((b.start, "noise") for b in got)
+                if n > 1:  # one block's d about its own mean is no sample
+                    groups.update((b.start, "d") for b in got)
+                if all(b.d_own is not None for b in got):
+                    own += sum((b.d_own or 0.0) * (n - 1) / n + (b.noise_own or 0.0) for b in got)
+        return Spread(ss, own, samples, tuple(groups.values()), max(1, least))
 
     def pooled(self, kind: str) -> tuple[float, float]:
         """The variance of one block's d pooled over every figure of every cell of ``kind``
