@@ -79,8 +79,18 @@ async def test_admission_under_kv_pressure() -> None:
                 )
                 for i in range(3)
             ]
-            await asyncio.sleep(0.15)
-            m = await metrics(s, url)
+            # the three requests reach the server in their own time on a busy machine: read
+            # /metrics once all three are in (running or waiting), not after a fixed sleep
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 20
+            while True:
+                m = await metrics(s, url)
+                arrived = value(m, "vllm:num_requests_running") + value(
+                    m, "vllm:num_requests_waiting"
+                )
+                if arrived >= 3 or loop.time() > deadline:
+                    break
+                await asyncio.sleep(0.02)
             results = await asyncio.gather(*tasks)
     assert value(m, "vllm:num_requests_running") == 2
     assert value(m, "vllm:num_requests_waiting") == 1

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from pytest_llmspeed.core.errors import MalformedAnswer
 from pytest_llmspeed.core.wire import (
     StreamTally,
     answer_prompt_tokens,
@@ -160,3 +161,42 @@ def test_a_non_streamed_answers_prompt_tokens():
     assert answer_prompt_tokens({"usage": None}) is None
     assert answer_prompt_tokens({"choices": []}) is None
     assert answer_prompt_tokens([]) is None
+
+
+def _compact(text: str, n: int) -> bytes:
+    obj = {"choices": [{"index": 0, "text": text}], "usage": {"completion_tokens": n}}
+    return event(obj, compact=True)
+
+
+@pytest.mark.parametrize(
+    "raw", [b"\x00", b"\x1b[2J", b"\xff\xfe\xc3"], ids=["nul", "esc", "not-utf8"]
+)
+def test_a_counted_stream_still_refuses_an_event_json_cannot_hold(raw):
+    """Usage on every chunk: later reads are counted without a parse, but a raw control byte
+    or bytes that are not UTF-8 in one of them fail the stream (it was timing that decided:
+    a hostile server's NUL passed when the event came in its own read)."""
+    tally = StreamTally()
+    assert tally.feed(1.0, _compact(" a", 1))
+    assert not tally.feed(2.0, _compact(" b", 2))
+    assert tally.fast  # the counting path is the one under test
+    bad = _compact(" c", 3).replace(b" c", raw + b"c", 1)
+    with pytest.raises(MalformedAnswer):
+        tally.feed(3.0, bad)
+
+
+def test_a_counted_stream_of_text_beyond_ascii_is_counted():
+    """Raw UTF-8 (vLLM writes it so) is well formed: still counted without a parse."""
+    tally = StreamTally()
+    tally.feed(1.0, _compact(" a", 1))
+    tally.feed(2.0, _compact(" b", 2))
+    raw = b"".join(
+        b"data: " + json.dumps(
+            {"choices": [{"index": 0, "text": w}], "usage": {"completion_tokens": n}},
+            separators=(",", ":"), ensure_ascii=False,
+        ).encode() + b"\n\n"
+        for n, w in ((3, "\u00e9"), (4, "\u65e5\u672c"))
+    )  # fmt: skip
+    assert not raw.isascii()
+    tally.feed(3.0, raw)
+    assert tally.fast and tally.completion_tokens == 4
+    assert list(tally.usage_counts) == [1, 1, 2]  # one entry a read

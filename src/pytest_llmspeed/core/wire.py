@@ -166,6 +166,9 @@ _CHOICES = b'"choices":['
 _NO_CHOICE = b'"choices":[]'
 _FINISHED = b'"finish_reason":"'
 _ERROR = b'"error"'
+#: bytes JSON never holds raw (C0 controls but the whitespace between tokens: a NUL, an ESC
+#: inside a string): a read that holds one goes to the exact parse, which refuses it
+_RAW_CONTROL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
 #: text pieces a stream without usage keeps before joining them (bounds their overhead)
 _TEXT_PIECES = 64
 
@@ -298,6 +301,8 @@ class StreamTally:
         count with the next usage value."""
         if self.finish_reason is not None:
             return False  # past the finish only a usage chunk and [DONE] may come: parsed
+        if not _well_formed(data):
+            return False  # a NUL, a control byte or bytes that are not UTF-8: the exact parse
         usages = data.count(_COMPLETION)
         if not usages:
             return b"data:" not in data  # events without usage: parsed
@@ -474,6 +479,22 @@ class StreamTally:
     def output_text(self) -> str:
         """The output text received (text, content, reasoning), where it was kept."""
         return "".join(self.text or ())
+
+
+def _well_formed(data: bytes) -> bool:
+    """``data`` is text JSON may carry as it is: UTF-8 without a raw control byte. Counting
+    without a parse reads only the usage values, so this is what it checks of the rest (a
+    stream that hid a NUL or a broken character in an event's text would pass otherwise);
+    both scans run in C, the UTF-8 one only for reads that are not ASCII."""
+    if _RAW_CONTROL.search(data) is not None:
+        return False
+    if data.isascii():
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def parse_stream(reads: list[tuple[float, bytes]]) -> StreamTally:
