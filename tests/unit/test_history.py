@@ -113,6 +113,39 @@ def test_a_1_percent_step_is_below_the_minimum_magnitude_and_not_reported(templa
         assert (only.first, only.last, only.runs) == (0, 19, 20)
 
 
+def test_a_rise_that_did_not_last_is_back_not_a_regression(template, tmp_path):
+    """Runs 11–20 are 15 % faster, then the level is back to runs 1–10: the newest change is
+    judged regressed against the rise, but the figure is back where it was (the same as runs
+    1–10, or too close to them to tell), and a nightly job must not fail on it. A figure whose
+    newest runs the judge finds below runs 1–10 as well (3 % noise: about 5 % below by chance
+    in one of twelve figures with this seed) did regress, and fails it."""
+    rng = random.Random(11)
+
+    def rise(i: int, cell: str, key: str) -> float:
+        return (1.15 if 10 <= i < 20 else 1.0) * math.exp(0.03 * rng.gauss(0, 1))
+
+    derive_(template, tmp_path, 30, rise)
+    history = build([tmp_path])
+    figs = figures_of(history)
+    assert all(len(f.segments) == 3 for f in figs), [(f.cell, len(f.segments)) for f in figs]
+    for f in figs:
+        assert f.newest is not None and f.newest.verdict.value == "regressed"
+        assert f.against_earlier is not None
+        below = f.against_earlier.value == "regressed"
+        assert f.returned is not below and f.regressed is below, (f.cell, f.figure)
+        assert (f.back_to is not None) is (f.against_earlier.value == "same")
+    back = [f for f in figs if f.returned]
+    assert len(back) >= 10
+    assert history.exit_status() == int(any(f.regressed for f in figs))
+    shown = lines(history)
+    assert sum(line.lstrip().startswith("back ") for line in shown) == len(back)
+    assert sum(line.lstrip().startswith("REGRESSION") for line in shown) == len(figs) - len(back)
+    assert any(f"{len(back)} back to an earlier level" in line for line in shown), shown
+    near = [line for line in shown if "too close to tell" in line]
+    assert len(near) == sum(f.returned and f.back_to is None for f in figs)
+    assert cli(str(tmp_path)).returncode == history.exit_status()
+
+
 def test_runs_of_other_settings_are_a_series_of_their_own_said_once(template, tmp_path):
     def longer(i: int, doc: dict[str, Any]) -> None:
         if i >= 10:

@@ -84,6 +84,10 @@ class Found:
     #: the newest segment is judged the same as the one before its previous (the previous a
     #: dip or a rise between two equal levels): that segment's index; None otherwise
     back_to: int | None = None
+    #: the judge's verdict of the newest segment against the one before its previous (three
+    #: segments or more; None otherwise): a fall after a rise regressed only when it is below
+    #: the level before the rise too
+    against_earlier: Verdict | None = None
 
 
 def find(
@@ -107,12 +111,13 @@ def find(
     points = _split(data, window, min_size)
     bounds, changes = _merge(data, points, tolerance, higher_is_better)
     edges = [0, *bounds, data.n]
-    back_to = None
+    back_to = against = None
     if len(edges) >= 4:  # three segments or more: is the newest back where it was before?
         earlier, newest = (edges[-4], edges[-3]), (edges[-2], edges[-1])
-        if verdict_of(data.between(earlier, newest, higher_is_better), tolerance) is Verdict.SAME:
+        against = verdict_of(data.between(earlier, newest, higher_is_better), tolerance)
+        if against is Verdict.SAME:
             back_to = len(edges) - 4
-    return Found(_levels(data, edges), tuple(changes), back_to)
+    return Found(_levels(data, edges), tuple(changes), back_to, against)
 
 
 class Logs:

@@ -228,6 +228,9 @@ class FigureHistory:
     #: the segment the newest is judged the same as, the one before its previous (the
     #: previous a dip or a rise that did not last); None otherwise
     back_to: int | None = None
+    #: the judge's verdict of the newest segment against the one before its previous (None:
+    #: fewer than three segments)
+    against_earlier: Verdict | None = None
 
     @property
     def points(self) -> tuple[Point, ...]:
@@ -248,12 +251,33 @@ class FigureHistory:
         return self.changes[-1] if self.changes else None
 
     @property
+    def returned(self) -> bool:
+        """The newest change undid the previous one (a fall after a rise, a rise after a
+        fall) without going beyond the level before it: judged the same as that level
+        (:attr:`back_to`), or too close to it to tell."""
+        if self.newest is None or self.against_earlier is None or len(self.changes) < 2:
+            return False
+        newest, previous = self.newest.verdict, self.changes[-2].verdict
+        undid = {newest, previous} == {Verdict.REGRESSED, Verdict.IMPROVED}
+        return undid and self.against_earlier is not newest
+
+    @property
     def regressed(self) -> bool:
-        return self.newest is not None and self.newest.verdict is Verdict.REGRESSED
+        """The newest segment regressed, and not back to an earlier level (a fall after a
+        rise regressed only when it is below the level before the rise too)."""
+        return (
+            not self.returned
+            and self.newest is not None
+            and self.newest.verdict is Verdict.REGRESSED
+        )
 
     @property
     def improved(self) -> bool:
-        return self.newest is not None and self.newest.verdict is Verdict.IMPROVED
+        return (
+            not self.returned
+            and self.newest is not None
+            and self.newest.verdict is Verdict.IMPROVED
+        )
 
 
 @dataclass(frozen=True)
@@ -282,7 +306,7 @@ class History:
 
     def exit_status(self) -> int:
         """1 when the newest segment of some cell's figure regressed (in the series of the
-        newest run), else 0."""
+        newest run) and is not back to an earlier level, else 0."""
         return 1 if any(f.regressed for f in self.current.figures) else 0
 
 
@@ -393,6 +417,7 @@ def _figure(
         segments=tuple(segments),
         changes=found_levels.changes,
         back_to=found_levels.back_to,
+        against_earlier=found_levels.against_earlier,
     )
 
 

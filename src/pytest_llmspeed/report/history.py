@@ -69,6 +69,13 @@ def change_line(series: Series, f: FigureHistory) -> str:
             f"({fmt_number(round(back.level, 1))}): runs {old.first + 1:,}–{old.last + 1:,} "
             "were a dip or a rise that did not last"
         )
+    elif f.returned:
+        back = f.segments[-3]
+        line += (
+            f"; near the level of runs {back.first + 1:,}–{back.last + 1:,} "
+            f"({fmt_number(round(back.level, 1))}, too close to tell): runs "
+            f"{old.first + 1:,}–{old.last + 1:,} were a dip or a rise that did not last"
+        )
     if new.changed:
         line += f"; {_changed_words(new.changed)}"
     return line
@@ -84,18 +91,23 @@ def _span(series: Series) -> str:
 
 
 def counts(series: Series) -> str:
-    """``102 figures of 54 cells: 1 regressed, 0 improved since their last change, 2 with
-    earlier changes only, 83 at one level, 16 never measured twice``."""
+    """``102 figures of 54 cells: 1 regressed, 0 improved since their last change, 1 back to
+    an earlier level, 2 with earlier changes only, 83 at one level, 16 measured in fewer than
+    two runs``."""
     figs = series.figures
     cells = len({f.cell for f in figs})
     regressed = sum(f.regressed for f in figs)
     improved = sum(f.improved for f in figs)
-    earlier = sum(1 for f in figs if len(f.segments) > 1 and not (f.regressed or f.improved))
+    back = sum(f.returned for f in figs)
+    earlier = sum(
+        1 for f in figs if len(f.segments) > 1 and not (f.regressed or f.improved or f.returned)
+    )
     flat = sum(1 for f in figs if len(f.segments) == 1)
     unmeasured = sum(1 for f in figs if not f.segments)
     return (
         f"{len(figs)} figures of {cells} cells: {regressed} regressed, {improved} improved "
-        f"since their last change, {earlier} with earlier changes only, {flat} at one level, "
+        f"since their last change, {back} back to an earlier level, {earlier} with earlier "
+        f"changes only, {flat} at one level, "
         f"{unmeasured} measured in fewer than two runs"
     )
 
@@ -130,7 +142,8 @@ def lines(history: History) -> list[str]:
             out.append(f"  {len(series.runs):,} runs {_span(series)}")
         for f in series.figures:
             if f.newest is not None and f.newest.verdict in _WORDS:
-                out.append(f"{prefix}{_WORDS[f.newest.verdict]} {change_line(series, f)}")
+                word = "back       " if f.returned else _WORDS[f.newest.verdict]
+                out.append(f"{prefix}{word} {change_line(series, f)}")
         out.append(f"{prefix}{counts(series)}")
     return out
 
@@ -180,6 +193,10 @@ def document(history: History) -> dict[str, Any]:
                         for s, j in zip(f.segments[1:], f.changes, strict=True)
                     ],
                     "back_to": f.back_to,
+                    "against_earlier": (
+                        f.against_earlier.value if f.against_earlier is not None else None
+                    ),
+                    "returned": f.returned,
                 }
             )
         out.append(
