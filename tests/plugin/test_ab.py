@@ -142,3 +142,27 @@ def test_options_that_do_not_make_an_ab(pytester, args, words):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert words in result.stderr.str()
     assert "Traceback" not in result.stderr.str()
+
+
+def test_an_old_endpoint_that_cannot_be_reached_is_named_by_its_option(pytester):
+    """Whether the old version's round comes first or second (the seed decides), the line
+    names its option, and the hint says to check that one, not --llm-endpoint."""
+    from pytest_llmspeed.gate.ab import arm_of
+    from pytest_llmspeed.sim import SimOptions, running_simulator_process
+
+    first_old = next(s for s in range(100) if arm_of(0, s) == "old")
+    first_new = next(s for s in range(100) if arm_of(0, s) == "new")
+    with running_simulator_process(SimOptions(profile="tiny", speed=10.0)) as new_url:
+        for seed in (first_old, first_new):
+            result = pytester.runpytest(
+                f"--llm-endpoint={new_url}",
+                "--llm-endpoint-baseline=http://127.0.0.1:9",
+                f"--llm-ab-seed={seed}",
+                *ARGS,
+                "--llm-concurrency=1",
+            )
+            out = result.stdout.str() + result.stderr.str()
+            assert result.ret != 0
+            assert "old version (--llm-endpoint-baseline)" in out, out
+            assert "Check --llm-endpoint-baseline and that the server is running" in out, out
+            assert "Check --llm-endpoint " not in out and "Traceback" not in out, out

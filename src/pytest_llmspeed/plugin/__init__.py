@@ -131,6 +131,7 @@ def _ab_loop(session: pytest.Session, run: LLMSpeedRun) -> bool:
     in ABBA order, each on a fresh start of its version, a cell's tests only while it is
     undecided (plugin/ab.py)."""
     from ..core.errors import LLMSpeedError
+    from .messages import arm_option, describe
 
     ab = run.ab
     assert ab is not None
@@ -143,10 +144,13 @@ def _ab_loop(session: pytest.Session, run: LLMSpeedRun) -> bool:
             try:
                 ab.begin_round(index)
             except (LLMSpeedError, ValueError) as exc:
+                arm = ab.ledger.arm(index)
+                flag = arm_option(arm, bool(run.settings.serve_baseline))
+                why = describe(exc, flag) if isinstance(exc, LLMSpeedError) else str(exc)
                 raise session.Interrupted(
                     run.server.give_up(
                         f"pytest-llmspeed: the A/B stopped before round {index + 1}: starting "
-                        f"the {ab.ledger.arm(index)} version failed: {exc}"
+                        f"the {arm} version ({flag}) failed: {why}"
                     )
                 ) from None
             _run_items(session, [item for item in session.items if ab.runs_item(item, index)])

@@ -38,13 +38,25 @@ def with_hint(message: str, setting: str | None) -> str:
     return f"{message.rstrip('.')}. {hint}"
 
 
-def describe(exc: LLMSpeedError) -> str:
-    """One line for the user: the core's message and the option to check."""
+def arm_option(arm: str, launched: bool) -> str:
+    """The option that gave an A/B's ``arm`` ("old", "new") its server: the command the
+    plugin launches (``launched``) or the endpoint it was given."""
+    if arm == "old":
+        return "--llm-serve-baseline" if launched else "--llm-endpoint-baseline"
+    return "--llm-serve" if launched else "--llm-endpoint"
+
+
+def describe(exc: LLMSpeedError, endpoint: str = "--llm-endpoint") -> str:
+    """One line for the user: the core's message and the option to check (``endpoint``: the
+    option that gave the server's address, an A/B's old version's
+    ``--llm-endpoint-baseline``)."""
     if isinstance(exc, ServerUnreachable):
         text = exc.message
         if exc.setting == "timeout":
             text += " (--llm-timeout)"
-        return f"{text}. Check --llm-endpoint and that the server is running."
+        return f"{text}. Check {endpoint} and that the server is running."
+    if exc.setting == "endpoint" and endpoint != "--llm-endpoint":
+        return f"{exc.message.rstrip('.')}. Check {endpoint} (the base URL, without /v1)."
     return with_hint(exc.message, exc.setting)
 
 

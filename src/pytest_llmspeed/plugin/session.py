@@ -76,26 +76,21 @@ class LLMSpeedRun:
 
     def start_or_say_why(self) -> str | None:
         """Start; when it cannot, the one line that says why (and the server is given up)."""
-        from .messages import describe
+        from .messages import arm_option, describe
 
+        flag = arm = None
+        if self.ab is not None:  # the first round starts its version: say which failed
+            arm = self.ab.ledger.arm(0)
+            flag = arm_option(arm, bool(self.settings.serve_baseline))
         try:
             self.start()
         except LLMSpeedError as exc:
-            why = describe(exc)
+            why = describe(exc, flag or "--llm-endpoint")
         except ValueError as exc:
             why = str(exc)
         else:
             return None
-        if self.ab is not None:  # the first round starts its version: say which failed
-            arm = self.ab.ledger.arm(0)
-            if arm == "old":
-                flag = (
-                    "--llm-serve-baseline"
-                    if self.settings.serve_baseline
-                    else "--llm-endpoint-baseline"
-                )
-            else:
-                flag = "--llm-serve" if self.settings.serve_baseline else "--llm-endpoint"
+        if flag is not None:
             why = f"the A/B's {arm} version ({flag}): {why}"
         return self.server.give_up(f"pytest-llmspeed: {why}")
 
