@@ -2,7 +2,8 @@
 (``/sim/trace``): each turn's prompt holds the earlier turns exactly, so the simulator's
 prefix cache finds the previous prompt's whole blocks cached, request by request; each
 turn's hit rate read from the server's counters is that record; and a conversation that
-outgrows the server's context ends and says so. Real servers, loopback, real streams."""
+outgrows the server's context ends and says so; with the server's own answer ids, each
+prompt is the whole history token for token. Real servers, loopback, real streams."""
 
 from __future__ import annotations
 
@@ -12,15 +13,19 @@ import pytest
 
 from pytest_llmspeed.core.client import Connection
 from pytest_llmspeed.core.conversation import (
+    OWN_IDS,
     TOKENIZED,
     block_size_from_metrics,
     expected_cached,
+    parse_answer,
     run_conversations,
+    user_tokens,
 )
 from pytest_llmspeed.core.probe import probe, read_metrics
 from pytest_llmspeed.core.prompts import PromptFactory
 from pytest_llmspeed.core.protocol import negotiate
 from pytest_llmspeed.sim import SimOptions, running_simulator_process
+from pytest_llmspeed.sim.server import prompt_hash
 
 from .truth import CLOCK_SLACK_S, TRACE_LIMIT, _client_chunks
 
@@ -116,3 +121,50 @@ async def test_a_conversation_that_outgrows_the_context_ends_and_says_so():
     assert f"ended after turn {kept} of 5: turn {kept + 1}'s prompt of" in ended[0]
     assert "> the server's max_model_len 1,300" in ended[0]
     assert all(t.users == 2 and t.hits is None for t in result.turns)
+
+
+async def test_with_the_servers_own_ids_each_prompt_is_the_whole_history_token_for_token():
+    with running_simulator_process(SimOptions(profile="tiny", speed=4.0)) as url:
+        conn, server, factory, dialect = await _open(url)
+        try:
+            block = block_size_from_metrics(await read_metrics(conn))
+            assert block is not None
+            pool = await factory.id_pool()
+            await conn.session.delete(conn.url("/sim/trace"))
+            result = await run_conversations(
+                conn, factory, dialect, server.model, CONTEXT, 2, 3, MESSAGE, ANSWER, 0.0,
+                max_model_len=server.max_model_len, block_size=block, return_token_ids=True,
+            )  # fmt: skip
+            records = await _records(conn)
+        finally:
+            await conn.close()
+    assert f"answers: {OWN_IDS}" in result.notes
+    # rebuild each user's prompts from its own tokens and the ids its answers streamed: the
+    # simulator's fingerprint of every prompt it received is the rebuilt one's
+    prompts = {u: user_tokens(factory.salt, pool, u, 1, CONTEXT) for u in range(2)}
+    for k, sent in enumerate(result.sent, start=1):
+        for s in sent:
+            rid, _, _ = _client_chunks(s.rec.reads)
+            assert rid is not None
+            rec = records[rid]
+            assert rec["prompt_hash"] == prompt_hash(prompts[s.user])
+            assert rec["cached_blocks"] * block == expected_cached(
+                s.prompt_tokens, s.prev_prompt, None, block
+            )
+            answer = parse_answer(s.rec.reads).token_ids
+            assert answer is not None and len(answer) == ANSWER
+            if k > 1:
+                assert s.prev_prompt is not None and s.prev_answer == ANSWER
+                assert s.prompt_tokens == s.prev_prompt + ANSWER + MESSAGE
+            prompts[s.user] = (
+                prompts[s.user]
+                + list(answer)
+                + user_tokens(factory.salt, pool, s.user, k + 1, MESSAGE)
+            )
+    # the simulator caches prompt blocks only: it hits the prompts-cached share, below what a
+    # server that caches its answers' blocks too should hit
+    for turn in result.turns[1:]:
+        assert turn.hit_rate == pytest.approx(turn.expected_hit_share)
+        assert turn.expected_hit_share_answers is not None
+        assert turn.expected_hit_share is not None
+        assert turn.expected_hit_share_answers > turn.expected_hit_share

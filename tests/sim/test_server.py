@@ -224,6 +224,24 @@ async def test_multi_token_chunks_and_empty_text_chunks(tiny_url: str) -> None:
 
 
 @pytest.mark.asyncio
+async def test_return_token_ids_gives_each_chunk_its_tokens_ids(tiny_url: str) -> None:
+    """vLLM's ``return_token_ids``: every completions chunk names its tokens' ids, as many as
+    its usage rose by, and they are the text's own (detokenized, the text streamed)."""
+    body: dict[str, Any] = {"prompt": ids(40, 3), "max_tokens": 300, "ignore_eos": True}
+    async with aiohttp.ClientSession() as s:
+        res = await stream(s, tiny_url + "/v1/completions", {**body, "return_token_ids": True})
+        plain = await stream(s, tiny_url + "/v1/completions", dict(body))
+        got = [c.data["choices"][0]["token_ids"] for c in res.chunks]
+        assert [len(g) for g in got] == [n for _, n in res.token_increments()]
+        all_ids = [i for g in got for i in g]
+        assert len(all_ids) == 300
+        status, detok = await post_json(s, tiny_url + "/detokenize", {"tokens": all_ids})
+    assert status == 200
+    assert detok["prompt"] == "".join(c.text() for c in res.chunks)
+    assert all("token_ids" not in c.data["choices"][0] for c in plain.chunks)  # not asked
+
+
+@pytest.mark.asyncio
 async def test_no_usage_unless_asked(tiny_url: str) -> None:
     async with aiohttp.ClientSession() as s:
         res = await stream(

@@ -25,7 +25,7 @@ from . import SimOptions, parse_quirks
 from .engine import Drift, EngineCore, SimRequest, parse_slower, start_factor
 from .faults import FaultSpec, parse_faults
 from .profiles import Profile, get_profile
-from .tokenizer import BYTE_BASE, Tokenizer
+from .tokenizer import BYTE_BASE, EOS_ID, Tokenizer
 
 TRACE_LIMIT = 20000
 TEXT_TABLE_SIZE = 1 << 16
@@ -124,6 +124,10 @@ class TextTable:
     def raw(self, start: int, n: int) -> str:
         return self._join(self.raw2, start, n)
 
+    def ids_at(self, start: int, n: int) -> list[int]:
+        """The token ids of ``n`` output tokens from ``start`` (the text's own ids)."""
+        return [self.ids[(start + i) % TEXT_TABLE_SIZE] for i in range(max(n, 0))]
+
 
 def prompt_hash(ids: Sequence[int]) -> str:
     """A fingerprint of a prompt's token ids for the trace (equal prompts, equal hashes)."""
@@ -193,6 +197,8 @@ class Stream:
         self.chunks: list[list[float]] = []
         self.first_token_time: float | None = None
         self.prompt_hash: str | None = None
+        #: vLLM's ``return_token_ids``: each completions chunk carries its tokens' ids
+        self.token_ids = False
         self.transport: asyncio.Transport | None = None
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         created = int(time.time())
@@ -282,8 +288,12 @@ class Stream:
         table = self.server.text
         if not self.chat:
             text = table.esc(self.offset + lo, text_hi - lo)
+            ids = ""
+            if self.token_ids:
+                got = table.ids_at(self.offset + lo, text_hi - lo) + [EOS_ID] * (hi - text_hi)
+                ids = '"token_ids":[' + ",".join(map(str, got)) + "],"
             return (
-                self.head + f'{{"index":0,"text":"{text}","logprobs":null,'
+                self.head + f'{{"index":0,"text":"{text}",{ids}"logprobs":null,'
                 f'"finish_reason":{fin},"stop_reason":null}}]' + usage + "}\n\n"
             )
         r = self.reasoning
@@ -800,6 +810,7 @@ class SimServer:
             reasoning=reasoning,
             arrival=arrival,
         )
+        stream.token_ids = not chat and body.get("return_token_ids") is True
         req.sink = stream
         self.trace.append(stream)
         self.active.add(stream)
