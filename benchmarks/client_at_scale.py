@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "benchmarks" / "results" / "client_at_scale.md"
 CONTEXT = 1024
 MAX_OUTPUT = 4096
 
@@ -269,7 +268,7 @@ HEADER = [
 ]  # fmt: skip
 
 
-def main() -> None:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=8.0)
     ap.add_argument("--streams", type=int, default=128)
@@ -281,9 +280,12 @@ def main() -> None:
     ap.add_argument("--modes", default="paced,unpaced")
     ap.add_argument("--one", choices=("plugin", "vllm"), help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
-    ap.add_argument("--out", type=Path, default=OUT)
-    args = ap.parse_args()
-    if args.one:
+    return ap.parse_args(argv)
+
+
+def main() -> None:
+    args = parse(None)
+    if args.one:  # one client, in its own process (``one``)
         if args.one == "plugin":
             out = asyncio.run(_plugin(args.url, args.streams, args.duration, args.processes))
         else:
@@ -291,16 +293,41 @@ def main() -> None:
         print(json.dumps(out))
         return
     sys.path.insert(0, str(ROOT))
-    from benchmarks.common import command, machine, table, utc_now, write_page
+    from benchmarks.harness import cli
 
+    sys.exit(cli("client_at_scale", measure))
+
+
+def measure(argv: list[str]) -> Any:
+    """Each client against the lean server, paced and unpaced: the figures and the page
+    (a ``benchmarks.harness.Outcome``)."""
+    from benchmarks.common import machine, table, utc_now
+    from benchmarks.harness import Figure, Outcome
+    from engines.home import Layout, vllm_home
+
+    args = parse(argv)
+    figures: dict[str, Figure] = {}
+    skipped: list[str] = []
     rows = []
     for mode in args.modes.split(","):
         rate = args.rate if mode == "paced" else 0.0
         for client in args.clients.split(","):
             name, _, times = client.partition("*")
+            if name == "vllm" and not Layout(vllm_home()).installed():
+                skipped.append(f"{mode} vllm: real vLLM is not set up (scripts/setup_vllm.py)")
+                continue
             with LeanServer(rate) as server:
                 r = one(name, server.url, args.streams, args.duration, int(times or 1))
             print(mode, client, json.dumps(r), flush=True)
+            key = f"{mode}_{name}{times}"
+            figures[f"{key}_events_s"] = Figure(round(r["events_s"]), "events/s")
+            per_event = round(r["bytes_per_event"], 1)
+            figures[f"{key}_bytes_per_event"] = Figure(per_event, "bytes", digits=0)
+            close = round(r["close_to_figures_s"], 3)
+            figures[f"{key}_close_to_figures_s"] = Figure(close, "s", digits=2)
+            if r.get("cpu_total") is not None:
+                cpu_pct = round(r["cpu_total"] * 100, 1)
+                figures[f"{key}_cpu"] = Figure(cpu_pct, "% of a core", digits=0)
             client = f"plugin, {times} processes" if times else name
             label = f"{args.streams} × {rate:,.0f} tok/s" if rate else "unpaced"
             cpu, total = r.get("cpu_share"), r.get("cpu_total")
@@ -316,7 +343,7 @@ def main() -> None:
         "",
         "Written by `benchmarks/client_at_scale.py` (its docstring says how).",
         "",
-        f"Command: `{command('benchmarks.client_at_scale')}`. Date: {utc_now()}. "
+        f"Date: {utc_now()}. "
         f"Machine: {machine()}, loopback; the lean server in its own process. "
         f"Window {args.duration:g} s, {args.streams} streams, {CONTEXT}-token prompts, "
         f"{MAX_OUTPUT}-token outputs, one token an event.",
@@ -340,10 +367,9 @@ def main() -> None:
         "runs it.",
         "- A note `client: event loop … behind` is the heartbeat saying the client could not "
         "keep up (docs/client-at-scale.md): true unpaced, where the client is the bottleneck.",
-        "",
+        *(f"- Not run: {x}." for x in skipped),
     ]
-    print("\n".join(lines))
-    write_page(args.out, lines, "client-at-scale")
+    return Outcome(figures, lines, {**vars(args), "not_run": skipped})
 
 
 if __name__ == "__main__":

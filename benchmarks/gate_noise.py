@@ -36,8 +36,8 @@ Options of the matrix: --profile, --base-speed, --noise, --start-noise (each run
 with its own speed factor), --contexts, --concurrency, --duration,
 --max-output, --confirm, --prefill-repeats, --tolerance (rewrites the baseline's default
 tolerance).
-``--markdown PATH`` also writes the summary as Markdown; ``--keep DIR`` keeps every run's folder
-(its ``results.json`` and ``output.txt``).
+The summary is the page that ``benchmarks.harness`` writes, with its figures as JSON;
+``--keep DIR`` keeps every run's folder (its ``results.json`` and ``output.txt``).
 """
 
 from __future__ import annotations
@@ -60,15 +60,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
-    command,
     cpu_seconds,
     loadavg,
     machine_busy_seconds,
     table,
     vllm_processes,
     wait_quiet,
-    write_page,
 )
+from benchmarks.harness import Figure, Outcome, cli
 
 # -- statistics ------------------------------------------------------------------------------
 
@@ -369,7 +368,9 @@ def summary(args: argparse.Namespace, tallies: dict[float, Tally], meta: dict[st
     return "\n".join(out)
 
 
-def main(argv: list[str] | None = None) -> int:
+def measure(argv: list[str]) -> Outcome:
+    """A baseline run, then gating runs at each speed factor, interleaved: the share of checks
+    and cells that failed at each (the figures) and the summary (the page)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--runs",
@@ -441,7 +442,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{FOREIGN_CPU_LIMIT * 100:.0f}%% of the CPU on average or "
         f"{FOREIGN_PEAK_LIMIT * 100:.0f}%% in one second), at most this many times (default 3)",
     )
-    ap.add_argument("--markdown", type=Path, help="also write the summary to this file")
+    ap.add_argument(
+        "--keep-disturbed",
+        action="store_true",
+        help="measure on when the baseline run stays disturbed (its page and JSON say how "
+        "busy the machine was) instead of giving up",
+    )
     ap.add_argument("--keep", type=Path, help="keep every run's folder under this directory")
     args = ap.parse_args(argv)
 
@@ -473,8 +479,7 @@ def main(argv: list[str] | None = None) -> int:
             waited += wait_idle(args.wait_idle, quiet_for=15, no_servers=True)
         if save.exit_code != 0 or not baseline.exists():
             print(save.output, file=sys.stderr)
-            print(f"the baseline run failed (exit code {save.exit_code})", file=sys.stderr)
-            return 2
+            raise RuntimeError(f"the baseline run failed (exit code {save.exit_code})")
         if args.tolerance is not None:
             text = baseline.read_text()
             text = re.sub(r"(?m)^tolerance = [0-9.]+", f"tolerance = {args.tolerance!r}", text)
@@ -484,13 +489,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{save.load_note()} -> {baseline}",
             flush=True,
         )
-        if save.disturbed:
-            print(
-                f"the baseline run was disturbed by other processes {args.retries + 1} times: "
-                "the machine is not quiet enough to measure the gate",
-                file=sys.stderr,
+        if save.disturbed and not args.keep_disturbed:
+            return Outcome(
+                skipped=f"the baseline run was disturbed by other processes {args.retries + 1} "
+                "times: the machine is not quiet enough to measure the gate",
+                settings=vars(args),
             )
-            return 3
 
         # interleaved (1.0, 0.95, 0.9, 1.0, ...) so that a change of machine load during the
         # benchmark does not fall on one factor; every run has its own seed
@@ -526,7 +530,6 @@ def main(argv: list[str] | None = None) -> int:
 
     tallies = {f: tally(runs[f]) for f in factors}
     meta = {
-        "command": command("benchmarks.gate_noise", argv),
         "matrix": f"{args.profile}, contexts {args.contexts}, concurrency {args.concurrency}, "
         f"{args.duration:g} s windows, max output {args.max_output}, prefill repeats "
         f"{args.prefill_repeats}",
@@ -553,12 +556,26 @@ def main(argv: list[str] | None = None) -> int:
         "python": sys.version.split()[0],
     }
     text = summary(args, tallies, meta)
-    print()
-    print(text)
-    if args.markdown:
-        write_page(args.markdown, [text], "gate-noise")
-    return 0
+    figures: dict[str, Figure] = {}
+    for f, t in tallies.items():
+        key = "no_change" if f == 1.0 else f"slower_{round((1 - f) * 100):g}"
+        figures[f"{key}_checks_failed"] = Figure(f"{t.checks_failed} of {t.checks}")
+        share = round(t.checks_failed / max(t.checks, 1) * 100, 2)
+        figures[f"{key}_checks_failed_pct"] = Figure(share, "%")
+        figures[f"{key}_cells_failed_pct"] = Figure(
+            round(t.cells_failed / max(t.cells, 1) * 100, 2), "%"
+        )
+        figures[f"{key}_bad_runs"] = Figure(t.bad_runs, "runs")
+    kept_disturbed = sum(r.disturbed for rs in runs.values() for r in rs)
+    figures["disturbed_runs"] = Figure(kept_disturbed + save.disturbed, "runs")
+    return Outcome(
+        figures, text.splitlines(), {**vars(args), **{k: str(v) for k, v in meta.items()}}
+    )
+
+
+def main() -> None:
+    sys.exit(cli("gate_noise", measure))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -42,8 +42,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from benchmarks.common import RESULTS, command, machine, table, utc_now, write_page
+from benchmarks import harness
+from benchmarks.common import table
 from benchmarks.gate_noise import upper_bound
+from benchmarks.harness import Figure, cli
 from pytest_llmspeed.core.bench import Bench, BenchConfig
 from pytest_llmspeed.gate.baseline import CellBaseline
 from pytest_llmspeed.gate.verdict import verdict, wants_another
@@ -59,7 +61,9 @@ class Matrix:
     wall_s: float
 
 
-def measure(url: str, args: argparse.Namespace, window: float, precision: float | None) -> Matrix:
+def measure_matrix(
+    url: str, args: argparse.Namespace, window: float, precision: float | None
+) -> Matrix:
     bench = Bench(
         BenchConfig(
             base_url=url,
@@ -164,7 +168,10 @@ def gate(
     return tally
 
 
-def main(argv: list[str] | None = None) -> int:
+def measure(argv: list[str]) -> harness.Outcome:
+    """The parts the arguments ask for: the figures and the page (``--only-wall`` and
+    ``--vllm`` are variants with their own files, ``intervals_wall_<precision>`` and
+    ``intervals_vllm``)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--profile", default="h200-qwen3.5-27b-int4")
     ap.add_argument("--noise", type=float, default=0.03)
@@ -195,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if args.vllm:
-        given = set(argv if argv is not None else sys.argv[1:])
+        given = set(argv)
         for flag, value in (
             ("--contexts", "1024,4096"),
             ("--concurrency", "1,4"),
@@ -241,7 +248,6 @@ def main(argv: list[str] | None = None) -> int:
         "# Intervals, early ends and the interval-aware gate "
         + ("(real vLLM)" if args.vllm else "(simulator)"),
         "",
-        f"Made {utc_now()} on {machine()} with `{command('benchmarks.intervals', argv)}`.",
         (
             f"Server: {args.profile}, contexts "
             if args.vllm
@@ -250,11 +256,12 @@ def main(argv: list[str] | None = None) -> int:
         + f"{args.contexts}, concurrency {args.concurrency}, max output {args.max_output}.",
         "",
     ]
+    figures: dict[str, Figure] = {}
     if not args.skip_wall:
         with sim(args.speed, 1) as url:
-            fixed = measure(url, args, args.fixed, None)
+            fixed = measure_matrix(url, args, args.fixed, None)
         with sim(args.speed, 2) as url:
-            early = measure(url, args, args.fixed, args.precision)
+            early = measure_matrix(url, args, args.fixed, args.precision)
         rows: list[list[object]] = []
         for cid, a in fixed.cells.items():
             b = early.cells[cid]
@@ -289,15 +296,15 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
         print("\n".join(lines), flush=True)
+        figures["wall_ratio"] = Figure(round(early.wall_s / fixed.wall_s, 3), "×", digits=2)
         if args.only_wall:
-            name = f"intervals_wall_{args.precision:.0%}.md".replace("%", "pct")
-            write_page(RESULTS / name, lines, "intervals")
-            return 0
+            name = f"intervals_wall_{args.precision:.0%}".replace("%", "pct")
+            return harness.Outcome(figures, lines, settings(args), name=name)
 
     runs: list[Matrix] = []
     with sim(args.speed, 3) as url:
         for i in range(args.runs):
-            runs.append(measure(url, args, args.window, None))
+            runs.append(measure_matrix(url, args, args.window, None))
             print(f"[intervals] no-change run {i + 1}/{args.runs}", flush=True)
     rows = []
     cover_mean = cover_next = pairs = total = 0
@@ -344,12 +351,14 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     print("\n".join(lines[-8:]), flush=True)
+    figures["cover_mean_pct"] = Figure(round(cover_mean / total * 100, 2), "%", "≈ 95 %")
+    figures["cover_mean"] = Figure(f"{cover_mean} of {total}")
+    figures["cover_next_pct"] = Figure(round(cover_next / pairs * 100, 2), "%", "≈ 83 %")
 
     if args.vllm:
         stack.close()
         lines.append(f"Whole benchmark: {(time.perf_counter() - started) / 60:.1f} min.")
-        write_page(RESULTS / "intervals_vllm.md", lines, "intervals")
-        return 0
+        return harness.Outcome(figures, lines, settings(args), name="intervals_vllm")
     tallies = {
         ("no change", True): gate(runs, runs, args.tolerance, True, same=True),
         ("no change", False): gate(runs, runs, args.tolerance, False, same=True),
@@ -358,13 +367,18 @@ def main(argv: list[str] | None = None) -> int:
         slow: list[Matrix] = []
         with sim(args.speed * factor, 4) as url:
             for i in range(args.slow_runs):
-                slow.append(measure(url, args, args.window, None))
+                slow.append(measure_matrix(url, args, args.window, None))
                 print(f"[intervals] {factor:.2f} run {i + 1}/{args.slow_runs}", flush=True)
         label = f"{1 - factor:.0%} slower"
         tallies[(label, True)] = gate(runs, slow, args.tolerance, True)
         tallies[(label, False)] = gate(runs, slow, args.tolerance, False)
     rows = []
     for (label, with_ci), t in tallies.items():
+        head = "no_change" if label == "no change" else f"slower_{label.split()[0].rstrip('%')}"
+        key = f"{head}_{'ci' if with_ci else 'flat'}"
+        figures[f"{key}_checks_failed"] = Figure(f"{t.failed} of {t.checks}")
+        share = round(t.failed / max(t.checks, 1) * 100, 2)
+        figures[f"{key}_checks_failed_pct"] = Figure(share, "%")
         # the checks share runs, so they are not independent: the bound is that of the checks
         # against the first baseline only
         bound = (
@@ -406,8 +420,16 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Whole benchmark: {(time.perf_counter() - started) / 60:.1f} min.",
     ]
-    write_page(RESULTS / "intervals.md", lines, "intervals")
-    return 0
+    return harness.Outcome(figures, lines, settings(args))
+
+
+def settings(args: argparse.Namespace) -> dict[str, object]:
+    """The run's arguments, as a result records them."""
+    return {k: v for k, v in vars(args).items()}
+
+
+def main() -> None:
+    sys.exit(cli("intervals", measure))
 
 
 def _why_full(rec: CellRecord) -> str:
@@ -445,4 +467,4 @@ def _pm(rec: CellRecord) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

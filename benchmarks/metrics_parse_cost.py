@@ -15,19 +15,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks.common import running_vllm
+from benchmarks.common import running_vllm, table
+from benchmarks.harness import Figure, Outcome, cli
+from engines.home import Layout, vllm_home
+from engines.servers import NOT_SET_UP
 from pytest_llmspeed.core.probe import SNAPSHOT_FAMILIES, parse_metrics, snapshot
 
 
-def main() -> None:
+def measure(argv: list[str]) -> Outcome:
+    """Both parses of one real /metrics sample; skipped when real vLLM is not set up."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work-dir", type=Path, default=None, help="keep the server's log here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if not Layout(vllm_home()).installed():
+        return Outcome(skipped=NOT_SET_UP, settings={"work_dir": args.work_dir})
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="llmspeed-metrics-"))
     work.mkdir(parents=True, exist_ok=True)
     with running_vllm(work) as vllm:
@@ -38,14 +45,31 @@ def main() -> None:
         )
         urllib.request.urlopen(req, timeout=60).read()
         text = urllib.request.urlopen(f"{url}/metrics", timeout=60).read().decode()
-    print(f"/metrics: {len(text):,} bytes, {text.count(chr(10))} lines")
+    figures = {
+        "bytes": Figure(len(text), "bytes"),
+        "lines": Figure(text.count(chr(10)), "lines"),
+    }
     for label, families, rounds in (("full", None, 20), ("filtered", SNAPSHOT_FAMILIES, 200)):
         c0 = time.process_time()
         for _ in range(rounds):
             parse_metrics(text, families)
-        print(f"{label} parse: {(time.process_time() - c0) / rounds * 1e3:.2f} ms of CPU each")
+        figures[f"{label}_parse_ms"] = Figure(
+            round((time.process_time() - c0) / rounds * 1e3, 3), "ms", digits=2
+        )
     same = snapshot(parse_metrics(text)) == snapshot(parse_metrics(text, SNAPSHOT_FAMILIES))
-    print(f"same snapshot: {same}")
+    figures["same_snapshot"] = Figure(same, target="True", met=same)
+    page = [
+        "# One /metrics sample of real vLLM: parsed whole and filtered",
+        "",
+        "`benchmarks/metrics_parse_cost.py` (its docstring says how); CPU time per parse.",
+        "",
+        *table(["figure", "value"], [[k, f.text] for k, f in figures.items()], "lr"),
+    ]
+    return Outcome(figures, page, {"work_dir": str(work)})
+
+
+def main() -> None:
+    sys.exit(cli("metrics_parse_cost", measure))
 
 
 if __name__ == "__main__":

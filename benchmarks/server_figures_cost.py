@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import math
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -38,18 +39,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.common import (
-    RESULTS,
-    ROOT,
-    command,
-    fmt,
-    loadavg,
-    machine,
-    table,
-    utc_now,
-    wait_quiet,
-    write_page,
-)
+from benchmarks.common import ROOT, fmt, loadavg, table, wait_quiet
+from benchmarks.harness import Figure, Outcome, cli
 from pytest_llmspeed.core import protocol
 from pytest_llmspeed.core.client import Connection
 from pytest_llmspeed.core.intervals import Interval, t_quantile
@@ -191,7 +182,7 @@ def recording_reads() -> Iterator[list[MetricsRead]]:
         protocol._read = real
 
 
-async def measure(url: str, args: argparse.Namespace) -> list[Cell]:
+async def measure_cells(url: str, args: argparse.Namespace) -> list[Cell]:
     conn = Connection.open(url, None, 120)
     cells: list[Cell] = []
     try:
@@ -303,7 +294,32 @@ def figure_rows(cells: list[Cell]) -> list[list[str]]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def figures_of(cells: list[Cell], parse: list[list[str]]) -> dict[str, Figure]:
+    """The suite's figures: each decode figure's paired difference (with / without − 1, in
+    percent) and its 95 % half-width, and the parse of one edge read of real vLLM's /metrics
+    (the text after a window)."""
+    figures: dict[str, Figure] = {}
+    for attr in ("total", "ttft", "tbt"):
+        diff = paired(cells, attr)
+        if diff is not None:
+            figures[f"{attr}_diff_pct"] = Figure(
+                round(diff[0] * 100, 3), "%", digits=2, signed=True
+            )
+            figures[f"{attr}_diff_halfwidth_pct"] = Figure(round(diff[1] * 100, 3), "%", digits=2)
+    for row_ in parse:
+        if row_[0].startswith("`after`"):
+            try:
+                figures["edge_parse_ms"] = Figure(float(row_[3]), "ms", digits=2)
+                figures["full_parse_ms"] = Figure(float(row_[1]), "ms", digits=2)
+            except ValueError:
+                pass
+            break
+    return figures
+
+
+def measure(argv: list[str]) -> Outcome:
+    """Decode cells with and without the server's figures, alternating, and the parse of one
+    read: the figures and the page."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=8, help="pairs of cells (default 8)")
     ap.add_argument("--duration", type=float, default=10.0, help="decode window, s")
@@ -315,7 +331,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vllm", action="store_true", help="start the real vLLM of setup_vllm.py")
     ap.add_argument("--parse-rounds", type=int, default=200, help="calls per parse batch")
     ap.add_argument("--wait-quiet", type=float, default=0.0, help="wait up to S s for quiet")
-    ap.add_argument("--out", type=Path, default=RESULTS / "server_figures_cost.md")
     args = ap.parse_args(argv)
 
     waited = wait_quiet(args.wait_quiet, 0.3, tag="server_figures_cost") if args.wait_quiet else 0
@@ -323,18 +338,18 @@ def main(argv: list[str] | None = None) -> int:
     parse = parse_rows(args.parse_rounds)
     if args.url:
         target = args.url
-        cells = asyncio.run(measure(args.url, args))
+        cells = asyncio.run(measure_cells(args.url, args))
     elif args.vllm:
         from benchmarks.common import running_vllm
 
         with running_vllm(Path(tempfile.mkdtemp(prefix="llmspeed-figures-cost-"))) as vllm:
             target = f"real vLLM ({vllm.server.model})"
-            cells = asyncio.run(measure(vllm.server.url, args))
+            cells = asyncio.run(measure_cells(vllm.server.url, args))
     else:
         options = SimOptions(profile="tiny", speed=args.speed)
         target = f"the simulator (tiny, speed {args.speed:g}, its own process)"
         with running_simulator_process(options) as url:
-            cells = asyncio.run(measure(url, args))
+            cells = asyncio.run(measure_cells(url, args))
 
     per_cell = [
         [
@@ -352,13 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# The server's figures: what they cost a decode cell",
         "",
-        f"Made {utc_now()} on {machine()} with "
-        f"`{command('benchmarks.server_figures_cost', argv)}`; load average {load_before} "
-        f"before (waited {waited:.0f} s for a quiet machine)."
+        f"Load average {load_before} before (waited {waited:.0f} s for a quiet machine)."
         if args.wait_quiet
-        else f"Made {utc_now()} on {machine()} with "
-        f"`{command('benchmarks.server_figures_cost', argv)}`; load average {load_before} "
-        "before.",
+        else f"Load average {load_before} before.",
         "",
         "## The decode figures, with the server's figures and without",
         "",
@@ -411,10 +422,12 @@ def main(argv: list[str] | None = None) -> int:
             "lrrrr",
         ),
     ]
-    write_page(args.out, lines, "server_figures_cost")
-    print("\n".join(lines))
-    return 0
+    return Outcome(figures_of(cells, parse), lines, vars(args))
+
+
+def main() -> None:
+    sys.exit(cli("server_figures_cost", measure))
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

@@ -45,7 +45,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, command, loadavg, machine, table, utc_now, write_page
+from benchmarks.common import loadavg, machine, table
+from benchmarks.harness import Figure, Outcome, cli
 
 UNIT_TEST = "def test_arithmetic():\n    assert 1 + 1 == 2\n"
 GOAL_MS = 20.0
@@ -172,13 +173,13 @@ def standard_error(diffs: list[float], resamples: int = 2000) -> float:
     return statistics.stdev(medians)
 
 
-def main(argv: list[str] | None = None) -> int:
+def measure(argv: list[str]) -> Outcome:
+    """Each case's CPU time over the paired ``-p no:llmspeed`` runs (and its instructions
+    where valgrind is installed): the figures and the page."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--src", type=Path, default=SRC, help="the package's folder (src/)")
-    parser.add_argument("--out", type=Path, help="the results page (default: in results/)")
     args = parser.parse_args(argv)
-    out = args.out or RESULTS / "unused_plugin_cost.md"
     load_before = loadavg()
     with tempfile.TemporaryDirectory() as tmp, socket.socket() as refusing:
         refusing.bind(("127.0.0.1", 0))  # bound, not listening: connections refused
@@ -313,10 +314,20 @@ def main(argv: list[str] | None = None) -> int:
                 ", ".join(f"`{m}`" for m in others) or "–",
             )
         )
+    figures: dict[str, Figure] = {}
+    for env_, case_, diff_, _ in verdicts:
+        stem = f"{SLUG[env_]}_{SLUG[case_]}"
+        figures[f"{stem}_cpu_ms"] = Figure(round(diff_, 2), "ms", signed=True)
+        if by_count:
+            figures[f"{stem}_instructions_ms"] = Figure(
+                round(estimates[(env_, case_)], 2), "ms", signed=True
+            )
+    worst = max(judged.values())
+    figures["worst_ms"] = Figure(round(worst, 2), "ms", f"≤ {GOAL_MS:.0f} ms", within, signed=True)
+    figures["judged_by"] = Figure("instructions" if by_count else "CPU time")
     lines = [
         "# What the plugin costs unit tests that need no server",
         "",
-        f"Command: `{command('benchmarks.unused_plugin_cost', argv)}`. Date: {utc_now()}. "
         f"Machine: {machine()}, shared with other work while it ran (load average "
         f"{load_before} before, {load_after} after): the absolute times are this busy "
         "machine's, the differences what the plugin adds on it.",
@@ -385,9 +396,22 @@ def main(argv: list[str] | None = None) -> int:
         f"`llm_endpoint = sim` in the ini file (parsed and compiled on every run without "
         f"bytecode): {through_hook}.",
     ]
-    write_page(out, lines)
-    return 0 if within else 1
+    return Outcome(figures, lines, {**vars(args), "src": str(args.src)})
+
+
+#: the figures' names of the environments and cases
+SLUG = {
+    "bytecode": "bytecode",
+    "no bytecode": "no_bytecode",
+    "plugin, no endpoint": "no_endpoint",
+    "plugin, ini `llm_endpoint = sim`": "ini_sim",
+    "plugin, ini endpoint down": "ini_down",
+}
+
+
+def main() -> None:
+    sys.exit(cli("unused_plugin_cost", measure))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -41,23 +41,28 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from benchmarks.common import RESULTS, ROOT, command, fmt, loadavg, machine, table, utc_now
+from benchmarks.common import ROOT, fmt, table
+from benchmarks.harness import Figure, Outcome, cli
 from pytest_llmspeed.core import wire
 
 WIRE = "src/pytest_llmspeed/core/wire.py"
+#: the figures' names of the three shapes of stream, in the order of ``streams``
+KEYS = ("one_event", "eight_events", "chat")
 
 
 def old_wire(commit: str) -> ModuleType:
-    """``core/wire.py`` as it was at ``commit`` (standard library only), as a module."""
+    """``core/wire.py`` as it was at ``commit``, as a module of ``pytest_llmspeed.core`` (its
+    relative imports, ``from .errors import …`` since 97d0ab5, read today's package)."""
     text = subprocess.run(
         ["git", "show", f"{commit}:{WIRE}"], cwd=ROOT, check=True, capture_output=True, text=True
     ).stdout
     path = Path(tempfile.mkdtemp()) / "wire_before.py"
     path.write_text(text)
-    spec = importlib.util.spec_from_file_location("wire_before", path)
+    name = "pytest_llmspeed.core._wire_before"
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["wire_before"] = module  # dataclasses look their module up
+    sys.modules[name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -145,19 +150,20 @@ def cell_rounds(before: str, rounds: int, duration: float) -> list[list[str]]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def measure(argv: list[str]) -> Outcome:
+    """CPU per read of both tallies over the same reads (and a decode cell of each tree with
+    ``--cell-rounds``): the figures and the page."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--reads", type=int, default=20000)
     parser.add_argument("--before", default="17de14a", help="the commit before the checks")
     parser.add_argument("--cell-rounds", type=int, default=0)
     parser.add_argument("--duration", type=float, default=8.0)
-    parser.add_argument("--out", type=Path, default=RESULTS / "wire_checks_cost.md")
     args = parser.parse_args(argv)
     before = old_wire(args.before)
-    load = loadavg()
     rows = []
-    for name, reads in streams(args.reads).items():
+    figures: dict[str, Figure] = {}
+    for (name, reads), key in zip(streams(args.reads).items(), KEYS, strict=True):
         old: list[float] = []
         new: list[float] = []
         for r in range(args.rounds):
@@ -175,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         same = list(a.usage_counts) == list(b.usage_counts) and list(a.text_times) == list(
             b.text_times
         )
+        figures[f"{key}_before_ns"] = Figure(round(statistics.median(old)), "ns")
+        figures[f"{key}_checked_ns"] = Figure(round(statistics.median(new)), "ns")
+        figures[f"{key}_diff_ns"] = Figure(round(statistics.median(diffs)), "ns", signed=True)
+        figures[f"{key}_same_counts"] = Figure(same, target="True", met=same)
         rows.append(
             [
                 name,
@@ -188,8 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# The wire's checks: what they cost a read",
         "",
-        f"Made {utc_now()} on {machine()} with `{command('benchmarks.wire_checks_cost', argv)}`;"
-        f" load average {load} before. Tallies of {args.before} (before the checks) and of"
+        f"Tallies of {args.before} (before the checks) and of"
         f" this tree, fed the same {args.reads:,} recorded reads, {args.rounds} rounds in"
         " alternating order; CPU per read (process time), median over the rounds.",
         "",
@@ -225,10 +234,12 @@ def main(argv: list[str] | None = None) -> int:
                 "llrrl",
             ),
         ]
-    args.out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    return Outcome(figures, lines, vars(args))
+
+
+def main() -> None:
+    sys.exit(cli("wire_checks_cost", measure))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

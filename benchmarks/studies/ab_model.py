@@ -7,10 +7,10 @@ factor, ``exp(N(0, start))`` (common to every cell, as a slow start is the whole
 a drift ``drift · sin(phase + round · curvature)`` moves every round (ABBA cancels its linear
 part in a block, not its curvature); each measurement adds its own noise, which its interval
 states (decode windows ``--window``, prefill ``--prefill``). Cells: prefill[1K], decode[1K-c1],
-decode[1K-c8], as benchmarks/ab_vs_stored.py runs on the simulator. The rounds stop as the
-plugin's do (``Ledger.end_block``), up to ``--blocks`` blocks.
+decode[1K-c8], as benchmarks/studies/ab_vs_stored.py runs on the simulator. The rounds stop as
+the plugin's do (``Ledger.end_block``), up to ``--blocks`` blocks.
 
-Usage: ``python -m benchmarks.ab_model [--trials 600] [--write]``.
+Usage: ``python -m benchmarks.studies.ab_model [--trials 600] [--write]``.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def main() -> None:
             [
                 "# The A/B's arithmetic on a model of its conditions",
                 "",
-                f"Made {utc_now()} with `{command('benchmarks.ab_model')}`: start noise "
+                f"Made {utc_now()} with `{command('benchmarks.studies.ab_model')}`: start noise "
                 f"{args.start:.0%} common to every cell, decode windows ±{args.window:.0%} and "
                 f"a prefill ±{args.prefill:.0%} (their own se, as their intervals state), a drift "
                 f"within ±{args.drift:.0%}, tolerance {args.tolerance:.0%}, up to "

@@ -3,9 +3,9 @@ plugin): the same rounds, today's verdicts, counted per figure by the new versio
 What a change to the A/B's arithmetic does alone, on data already measured (the cells a run
 stopped early stay stopped: their later rounds were never measured).
 
-    python -m benchmarks.ab_replay "/tmp/ab-run/b/*/slower*/r.json"
+    python -m benchmarks.studies.ab_replay "/tmp/ab-run/b/*/slower*/r.json"
 
-The slowdown is read from the folder name (``slower0.1``), as benchmarks/ab_vs_stored.py
+The slowdown is read from the folder name (``slower0.1``), as benchmarks/studies/ab_vs_stored.py
 writes them.
 """
 

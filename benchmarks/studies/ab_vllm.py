@@ -9,9 +9,9 @@ would run it: ``--llm-serve="NEW" --llm-serve-baseline="OLD"``, contexts 1K × c
 A/Bs alternate: self, capped, self, capped, self (``--same 3 --capped 2``), so a machine that
 gets busier meets both kinds. The verdicts are the plugin's own (its results file's ``ab``).
 
-    python -m benchmarks.ab_vllm                        # 5 A/Bs of 8 starts: about an hour here
-    python -m benchmarks.ab_vllm --same 1 --capped 0    # one A/B, a smoke run
-    python -m benchmarks.ab_vllm --report DIR           # the page again, from a --keep folder
+    python -m benchmarks.studies.ab_vllm                      # 5 A/Bs of 8 starts: about an hour
+    python -m benchmarks.studies.ab_vllm --same 1 --capped 0  # one A/B, a smoke run
+    python -m benchmarks.studies.ab_vllm --report DIR         # the page again, from --keep's DIR
 
 Needs ``python scripts/setup_vllm.py`` to have run. The page is written after every A/B (a
 run cut short keeps what it measured); it gives the CPU other processes used during each.
@@ -156,7 +156,7 @@ def write(args: argparse.Namespace, work: Path, started: float | None, load_befo
     lines = [
         "# The A/B on real vLLM",
         "",
-        f"Command: `{command('benchmarks.ab_vllm', args.argv)}`. Date: {utc_now()}. "
+        f"Command: `{command('benchmarks.studies.ab_vllm', args.argv)}`. Date: {utc_now()}. "
         f"Machine: {machine()}, shared with other work. Load average before: {load_before}; "
         f"wall time {wall} ({took / 60:.0f} min in the A/Bs).",
         "",

@@ -38,9 +38,9 @@ core); a trial of (a) waits out its gap without holding a slot. No run starts af
 work directory with ``raw.json`` (every run's verdicts), from which ``--rerender`` writes the
 page again.
 
-    python -m benchmarks.ab_vs_stored                      # about 30-35 minutes
-    python -m benchmarks.ab_vs_stored --quick              # one trial of each, a smoke test
-    python -m benchmarks.ab_vs_stored --only b --trials 20
+    python -m benchmarks.studies.ab_vs_stored                      # about 30-35 minutes
+    python -m benchmarks.studies.ab_vs_stored --quick              # one trial of each, a smoke test
+    python -m benchmarks.studies.ab_vs_stored --only b --trials 20
 """
 
 from __future__ import annotations
@@ -816,7 +816,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     bwall = sched.baseline_walls
     meta = {
-        "command": command("benchmarks.ab_vs_stored", argv),
+        "command": command("benchmarks.studies.ab_vs_stored", argv),
         "date": utc_now(),
         "machine": machine(),
         "load_before": load_before,

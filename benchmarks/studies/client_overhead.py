@@ -14,7 +14,7 @@ It needs vLLM's benchmark code: it runs itself again with the Python of scripts/
 environment, which it finds by itself (``$LLMSPEED_VLLM_HOME``, default
 ``~/.cache/pytest-llmspeed/vllm``), the project's ``src`` on that Python's path.
 
-    python -m benchmarks.client_overhead [--requests 300]
+    python -m benchmarks.studies.client_overhead [--requests 300]
 """
 
 from __future__ import annotations
@@ -144,16 +144,17 @@ def main() -> None:
 
         # vLLM's environment has vLLM but not this project: its src goes on the path
         path = os.pathsep.join(x for x in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if x)
-        argv = [str(vllm_python()), "-m", "benchmarks.client_overhead", *sys.argv[1:]]
+        argv = [str(vllm_python()), "-m", "benchmarks.studies.client_overhead", *sys.argv[1:]]
         sys.exit(subprocess.call(argv, env={**os.environ, "PYTHONPATH": path}, cwd=ROOT))
     t0 = time.monotonic()
     res = asyncio.run(measure(args.requests))
     lines = [
         "# Client overhead: the plugin's client and `vllm bench serve`'s",
         "",
-        "Written by `benchmarks/client_overhead.py` (its docstring says how).",
+        "Written by `benchmarks/studies/client_overhead.py` (its docstring says how).",
         "",
-        f"Command: `{command('benchmarks.client_overhead', ['--requests', str(args.requests)])}` "
+        "Command: "
+        f"`{command('benchmarks.studies.client_overhead', ['--requests', str(args.requests)])}` "
         f"({time.monotonic() - t0:.0f} s). Date: {utc_now()}. Machine: {machine()}, loopback, "
         f"Python {platform.python_version()}. Medians over {args.requests} requests per client.",
         "",

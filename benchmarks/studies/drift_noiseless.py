@@ -15,7 +15,7 @@ the trend against the interval's width, and whether the cell gets a note
 A second table does the same for a server that throttles: every engine step of the window
 ``--throttle`` (a fraction) slower at the window's end than at its start, growing linearly.
 
-Usage: ``python -m benchmarks.drift_noiseless [--throttle 0.05] [--write]``.
+Usage: ``python -m benchmarks.studies.drift_noiseless [--throttle 0.05] [--write]``.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Drift notes on a machine that adds no noise",
         "",
-        f"{utc_now()} · `{command('benchmarks.drift_noiseless', argv)}`",
+        f"{utc_now()} · `{command('benchmarks.studies.drift_noiseless', argv)}`",
         "",
         __doc__.split("\n\n")[1].replace("\n", " "),
         "",

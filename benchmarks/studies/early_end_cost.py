@@ -8,7 +8,7 @@ one is what a chunk's timestamp may be late by. Set against session 6's implemen
 Python loop over every read per call, and a reads × batches array for the batch counts),
 kept here as the reference.
 
-    python -m benchmarks.early_end_cost
+    python -m benchmarks.studies.early_end_cost
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# The early-end test's cost on the event loop",
         "",
-        f"Made {utc_now()} on {machine()} with `{command('benchmarks.early_end_cost', argv)}`.",
+        f"Made {utc_now()} on {machine()} with "
+        f"`{command('benchmarks.studies.early_end_cost', argv)}`.",
         "60 calls over a 30 s window, 128 streams; one read per token (a server streaming a",
         "token per chunk). The worst call is how late a chunk's timestamp may be.",
         "",

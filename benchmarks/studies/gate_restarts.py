@@ -24,8 +24,8 @@ attempt and of a mean), and counts how many fresh-start confirmations the issue'
 
 Usage (from the repository root; pure arithmetic, no server, about 25 minutes on one core):
 
-    python -m benchmarks.gate_restarts
-    python -m benchmarks.gate_restarts --baselines 300 --quick      # a smoke run
+    python -m benchmarks.studies.gate_restarts
+    python -m benchmarks.studies.gate_restarts --baselines 300 --quick      # a smoke run
 """
 
 from __future__ import annotations
@@ -510,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# The gate across restarts: a Monte Carlo of its rule",
         "",
-        f"{utc_now()} · {machine()} · `{command('benchmarks.gate_restarts', argv)}`",
+        f"{utc_now()} · {machine()} · `{command('benchmarks.studies.gate_restarts', argv)}`",
         "",
         f"Synthetic runs of {args.cells} cells (one figure each). Each start's speed factor "
         "exp(σ_b·z − σ_b²/2) is shared by every cell of that start (as the simulator's "

@@ -19,11 +19,11 @@ pool is measured once and judged many ways, so every rule meets the same measure
 
 Trials reuse the pool's runs, so they are not independent: the rates are estimates of the
 gate on this pool, and their spread between pools is larger than a binomial bound suggests;
-``benchmarks/gate_restarts.py`` gives the same rule's rates on synthetic draws in their
+``benchmarks/studies/gate_restarts.py`` gives the same rule's rates on synthetic draws in their
 thousands. This benchmark shows they hold with the plugin's real measurements.
 
-    python -m benchmarks.gate_start_noise                         # about 25 minutes
-    python -m benchmarks.gate_start_noise --start-noise 0.03 --pool 8,4,4 --trials 200  # smoke
+    python -m benchmarks.studies.gate_start_noise        # about 25 minutes
+    python -m benchmarks.studies.gate_start_noise --start-noise 0.03 --pool 8,4,4 --trials 200
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# The gate against a server whose speed differs from start to start",
         "",
-        f"Command: `{command('benchmarks.gate_start_noise', argv)}`. Date: {utc_now()}. "
+        f"Command: `{command('benchmarks.studies.gate_start_noise', argv)}`. Date: {utc_now()}. "
         f"Machine: {machine()}; load average before: {load_before}.",
         "",
         f"Simulator `{args.profile}` at speed {args.base_speed:g} × factor, window noise "

@@ -23,8 +23,8 @@ first measurement of the next unchanged run (another start of the same server). 
 baselines are judged the same way (no confirmation; and across repetitions: each unchanged
 run against every repetition's baseline), so the two kinds of baseline meet the same runs.
 
-    python -m benchmarks.gate_vllm                 # 2 repetitions, about 40 minutes
-    python -m benchmarks.gate_vllm --reps 1 --unchanged 1 --duration 4   # a smoke run
+    python -m benchmarks.studies.gate_vllm                 # 2 repetitions, about 40 minutes
+    python -m benchmarks.studies.gate_vllm --reps 1 --unchanged 1 --duration 4   # a smoke run
 
 Needs ``python scripts/setup_vllm.py`` to have run. The machine should be quiet: the report
 gives the CPU other processes used during each run.
@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# The gate across restarts of real vLLM",
         "",
-        f"Command: `{command('benchmarks.gate_vllm', argv)}`. Date: {utc_now()}. "
+        f"Command: `{command('benchmarks.studies.gate_vllm', argv)}`. Date: {utc_now()}. "
         f"Machine: {machine()}. Load average before: {load_before}; wall time {took}.",
         "",
         f"vLLM (CPU build, the tiny model) launched by the plugin (`--llm-serve`), "

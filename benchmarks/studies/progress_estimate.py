@@ -1,7 +1,7 @@
 """How good is the progress line's "about N min left"? Run a matrix, stamp every progress line
 as it arrives, and compare each estimate with the time that was really left.
 
-    python -m benchmarks.progress_estimate    # the demo: reference matrix at 10x, 3 s windows
+    python -m benchmarks.studies.progress_estimate  # the demo: reference matrix at 10x, 3 s windows
 
 The figure the issue asks for is the estimate at the half-way cell (goal: within 25 % of the
 time actually left).
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# The progress line's time-left estimate",
         "",
-        f"Command: `{command('benchmarks.progress_estimate', argv)}`. Date: {utc_now()}. "
+        f"Command: `{command('benchmarks.studies.progress_estimate', argv)}`. Date: {utc_now()}. "
         f"Machine: {machine()}. Matrix: `{args.endpoint}`, {args.duration} s windows.",
         "",
         f"**At the half-way cell ({i}/{n}, {cid}) the estimate was {left:.0f} s; "

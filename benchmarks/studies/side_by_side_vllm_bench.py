@@ -33,8 +33,8 @@ a fresh run (a new prefix); vllm's is ``median_ttft_ms`` of ``--random-prefix-le
 measurement during which other processes used more than ``--max-other`` cores is made again
 (``--retries``).
 
-    python -m benchmarks.side_by_side_vllm_bench            # c = 1 and 8, 5 rounds each
-    python -m benchmarks.side_by_side_vllm_bench --workload same-text
+    python -m benchmarks.studies.side_by_side_vllm_bench            # c = 1 and 8, 5 rounds each
+    python -m benchmarks.studies.side_by_side_vllm_bench --workload same-text
 
 Workloads (``--workload``): ``random`` — each tool its own prompts: the plugin's token ids
 (shared prefix + 32 unique ids), vllm's random dataset (a shared prefix of C − 32 random ids and
@@ -315,12 +315,13 @@ def arrivals(
 
 
 class Wire:
-    """``benchmarks.wire_sniffer`` in a child process (needs root), its events kept in order."""
+    """``benchmarks.studies.wire_sniffer`` in a child process (needs root), its events kept in
+    order."""
 
     def __init__(self, port: int) -> None:
         self.events: list[dict[str, Any]] = []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.wire_sniffer", "--port", str(port)],
+            [sys.executable, "-m", "benchmarks.studies.wire_sniffer", "--port", str(port)],
             stdout=subprocess.PIPE, text=True, cwd=ROOT,
         )  # fmt: skip
         assert self.proc.stdout is not None
@@ -468,7 +469,7 @@ def render(meta: dict[str, Any], rows: dict[int, list[dict[str, Any]]]) -> list[
     out = [
         "# Plugin and `vllm bench serve` side by side on one real vLLM server",
         "",
-        "Written by `benchmarks/side_by_side_vllm_bench.py` (its docstring says how); why "
+        "Written by `benchmarks/studies/side_by_side_vllm_bench.py` (its docstring says how); why "
         "and how it differs from the sequential comparison: `docs/peer-comparison.md`.",
         "",
         f"Command: `{meta['cmd']}` ({meta['elapsed_s'] / 60:.1f} min)",
@@ -523,8 +524,8 @@ def render(meta: dict[str, Any], rows: dict[int, list[dict[str, Any]]]) -> list[
             "",
             "## TTFT on the wire (`--wire`)",
             "",
-            "`benchmarks/wire_sniffer.py` stamped, in the kernel, when each request's first "
-            "segment reached the server's port and when the first segment with output text "
+            "`benchmarks/studies/wire_sniffer.py` stamped, in the kernel, when each request's "
+            "first segment reached the server's port and when the first segment with output text "
             "left it; medians over the requests sent inside the span. *Wire*: the server's "
             "share of TTFT, the same stopwatch for both tools. *Client share*: the tool's own "
             "median TTFT − its wire median (what its client adds before the request reaches "
@@ -738,8 +739,8 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument(
         "--wire", action="store_true",
-        help="also stamp requests and first tokens on the wire (benchmarks/wire_sniffer.py; "
-        "root)",
+        help="also stamp requests and first tokens on the wire "
+        "(benchmarks/studies/wire_sniffer.py; root)",
     )  # fmt: skip
     ap.add_argument(
         "--vllm-trust-env", choices=("on", "off"), default="on",
@@ -846,7 +847,7 @@ def run(args: argparse.Namespace) -> None:
             if wire is not None:
                 wire.stop()
     meta = {
-        "cmd": command("benchmarks.side_by_side_vllm_bench"),
+        "cmd": command("benchmarks.studies.side_by_side_vllm_bench"),
         "elapsed_s": time.monotonic() - t_start,
         "date": utc_now(),
         "cpus": os.cpu_count(),

@@ -9,8 +9,9 @@ engines included) ``--runs`` times in a row while ``--burners`` processes spin o
 each run's outcome, duration and failed tests; a failed run's log is kept in
 ``out/suite_under_load/``.
 
-    python -m benchmarks.suite_under_load --runs 3
-    python -m benchmarks.suite_under_load --runs 1 --command "python -m pytest tests/plugin -q"
+    python -m benchmarks.studies.suite_under_load --runs 3
+    python -m benchmarks.studies.suite_under_load --runs 1 \
+        --command "python -m pytest tests/plugin -q"
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# The test command beside busy cores",
         "",
-        f"Command: `{command('benchmarks.suite_under_load', argv)}` (each run: "
+        f"Command: `{command('benchmarks.studies.suite_under_load', argv)}` (each run: "
         f"`{args.command}`). Date: {utc_now()}. Machine: {machine()}, {args.burners} busy "
         f'process(es) beside the tests (`python -c "while True: pass"`), load average at the '
         f"end {loadavg()}.",

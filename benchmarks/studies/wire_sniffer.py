@@ -12,8 +12,8 @@ per event on TCP connections to ``--port``, with the kernel's receive timestamp 
 
 A client's TTFT minus the wire's (first ``token`` after a ``post`` on the same connection) is the
 client's own share: the time before its request reached the socket and after the chunk did.
-Used by ``python -m benchmarks.side_by_side_vllm_bench --wire``, which starts it as
-``python -m benchmarks.wire_sniffer --port PORT``.
+Used by ``python -m benchmarks.studies.side_by_side_vllm_bench --wire``, which starts it as
+``python -m benchmarks.studies.wire_sniffer --port PORT``.
 """
 
 from __future__ import annotations
