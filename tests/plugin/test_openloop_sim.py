@@ -147,3 +147,72 @@ def test_a_rate_too_high_for_one_cell_is_one_line_before_the_server_starts(pytes
         ["ERROR: --llm-rates='2,5000': 5000/s for --llm-duration 30 s is about 150,000 requests, "
          "more than 100,000 in one cell: lower the rate or the duration"]
     )  # fmt: skip
+
+
+def test_an_open_loop_cell_is_gated_and_compared_by_its_ttft_from_the_schedule(pytester):
+    """An open-loop cell has no floor: its headline, the TTFT from the scheduled send, is the
+    figure a saved baseline gates as written, and `compare` judges it by the same rule (a
+    server eight times slower regresses it in both: about 4 ms against 30)."""
+    import re
+    import subprocess
+    import sys
+
+    args = (
+        "--llm-contexts=1K", "--llm-concurrency=1", "--llm-rates=16", "--llm-duration=3",
+        "--llm-max-output=16", "-m", "rate", "-p", "no:benchmark", "-p", "no:randomly",
+    )  # fmt: skip
+    first = pytester.runpytest(
+        f"--llm-endpoint={TINY}", *args, "--llm-results=a.json", "--llm-save-baseline=b.toml"
+    )
+    first.assert_outcomes(passed=1)
+    text = (pytester.path / "b.toml").read_text()
+    cell = text.split('[cells."rate[1K-r16]"]', 1)[1].split("[cells.", 1)[0]
+    assert re.search(r"^sched_ttft_ms = [\d.]+$", cell, re.M), cell  # gated as written
+    slower = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=0.5", *args, "--llm-results=b.json", "--llm-baseline=b.toml"
+    )
+    assert slower.ret == 1, slower.stdout.str()
+    slower.stdout.fnmatch_lines(
+        ["*REGRESSION  rate[[]1K-r16[]] TTFT from the scheduled send ms*ceiling*"]
+    )
+    cell = _cells_of(pytester, "b.json")["rate[1K-r16]"]
+    assert cell["baseline"] == "regressed", cell.get("baseline_checks")
+    (check,) = cell["baseline_checks"]
+    assert check["metric"] == "sched_ttft_ms" and check["verdict"] == "regressed"
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest_llmspeed", "compare", "a.json", "b.json"],
+        capture_output=True, text=True, cwd=pytester.path,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    (line,) = [x for x in out.stdout.splitlines() if "rate[1K-r16]" in x]
+    assert line.lstrip().startswith("REGRESSION  rate[1K-r16] sched_ttft_ms"), line
+    # the interval is of the change the line shows (a rise), not of the judge's 1 − X / R
+    low, high = (float(x) for x in re.findall(r"([+−-][\d.]+)%", line.replace("−", "-"))[1:3])
+    assert 0 < low < high, line
+    assert "not measured in both" not in out.stdout
+
+
+def _cells_of(pytester, name: str) -> dict[str, dict]:
+    doc = json.loads((pytester.path / name).read_text())
+    return {c["id"]: c for c in doc["cells"]}
+
+
+def test_a_replayed_trace_is_re_measured_on_fresh_starts_and_gated(pytester):
+    """A trace's cell names no context: its confirmation restarts the server without warming
+    a prefix (it stopped the run: "invalid literal for int() with base 10: 'day2'")."""
+    rows = [{"timestamp": 40 * i, "input_length": 1100, "output_length": 4,
+             "hash_ids": [1, 2, 3 + i]} for i in range(20)]  # fmt: skip
+    (pytester.path / "day2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ("--llm-trace=day2.jsonl", "-m", "trace", "-p", "no:benchmark", "-p", "no:randomly")
+    first = pytester.runpytest(f"--llm-endpoint={TINY}", *args, "--llm-save-baseline=b.toml")
+    first.assert_outcomes(passed=1)
+    slower = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=0.5", *args, "--llm-baseline=b.toml", "--llm-results=b.json"
+    )
+    assert slower.ret == 1, slower.stdout.str()
+    slower.stdout.fnmatch_lines(
+        ["*REGRESSION  trace[[]day2[]] TTFT from the scheduled send ms*attempts on fresh starts*"]
+    )
+    assert "Interrupted" not in slower.stdout.str()
+    cell = _cells_of(pytester, "b.json")["trace[day2]"]
+    assert cell["baseline"] == "regressed" and len(cell["attempts"]) >= 2  # re-measured

@@ -628,15 +628,29 @@ def _figure(key: str, runs: FigureRuns, nd: int, prefix: str = "") -> list[str]:
 _Figures = list[tuple[str, FigureRuns, bool]]
 
 
+def gated_by_default(figure: figures.Figure, phase: str) -> bool:
+    """Is ``figure`` gated in a saved baseline (and by ``compare``) as it is written? The
+    floors are; the ceilings are written commented out, except the headline of a kind of
+    cell that has no floor (an open-loop cell's TTFT from the scheduled send: its one gated
+    figure, which ``compare`` judges it by)."""
+    if figure.gate is Gate.FLOOR:
+        return True
+    if figure.gate is not Gate.CEILING or not figure.headline:
+        return False
+    return not any(f.in_phase(phase) for f in figures.floors())
+
+
 def _record_figures(rec: CellRecord) -> _Figures:
-    """A valid record's figures in the file's order: floors gated, ceilings commented out;
-    a figure the record lacks (or measured as 0, no limit) is left out."""
+    """A valid record's figures in the file's order: floors gated, ceilings commented out
+    (:func:`gated_by_default`); a figure the record lacks (or measured as 0, no limit) is
+    left out."""
     out: _Figures = []
     for f in figures.gated():
         value = getattr(rec, f.key) if f.in_phase(rec.phase) else None
         if value:
             ci = getattr(rec, f.ci_key) if f.ci else None
-            out.append((f.key, FigureRuns((float(value),), (ci,)), f.gate is Gate.FLOOR))
+            gated = gated_by_default(f, rec.phase)
+            out.append((f.key, FigureRuns((float(value),), (ci,)), gated))
     return out
 
 

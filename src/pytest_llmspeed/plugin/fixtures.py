@@ -219,10 +219,10 @@ class CellRunner:
 
         cid = CellId.at_rate(prefix.param, rate)
         s = self.run.settings
-        bench = self.run.server.bench
-        assert bench is not None
 
         def measure() -> OpenLoopResult:
+            # the bench of now: a re-measurement's fresh start made a new one
+            bench = self.run.server.bench
             assert bench is not None
             return bench.rate(prefix.tokens, rate, s.burstiness, s.rate_seed)
 
@@ -233,10 +233,8 @@ class CellRunner:
         ``trace[NAME]``; fail on errors or on a confirmed miss of the baseline."""
         from ..results import CellId
 
-        bench = self.run.server.bench
-        assert bench is not None
-
         def measure() -> OpenLoopResult:
+            bench = self.run.server.bench  # of now (a fresh start makes a new one)
             assert bench is not None
             return bench.replay(trace, self.run.settings.trace_speed)
 
@@ -356,9 +354,13 @@ class CellRunner:
         """Restart the server (or pause) before re-measuring ``record``'s cell; a restart
         that fails stops the run, keeping the first measurement."""
         from ..core.errors import LLMSpeedError
+        from ..results import Phase
 
+        # a trace's cell has no context of its own (its id names the trace): its prompts are
+        # its own, and no shared prefix is warmed again
+        context = None if record.id.phase is Phase.TRACE else record.id.context
         try:
-            self.run.server.fresh_start(record.id.context)
+            self.run.server.fresh_start(context)
         except (LLMSpeedError, ValueError) as exc:
             problem = f"restarting the server to re-measure {record.id} failed: {exc}"
         else:

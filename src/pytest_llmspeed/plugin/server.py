@@ -245,17 +245,20 @@ class ServerUnderTest:
         self.notes = notes
         self.started = True
 
-    def fresh_start(self, context: int | str) -> None:
+    def fresh_start(self, context: int | str | None) -> None:
         """Before re-measuring a cell that missed its baseline: restart the server when the
-        plugin started it, and warm ``context``'s shared prefix again (the confirmation then
-        samples the noise between starts, ``fresh_starts=True``); else pause :data:`PAUSE_S`
-        seconds. Raises LLMSpeedError / ValueError when the restart fails."""
+        plugin started it, and warm ``context``'s shared prefix again (None: a replayed
+        trace's cell, whose prompts are its own); the confirmation then samples the noise
+        between starts, ``fresh_starts=True``. Else pause :data:`PAUSE_S` seconds. Raises
+        LLMSpeedError / ValueError when the restart fails."""
         if not self.restartable:
             time.sleep(PAUSE_S)
             return
         self.restart()
         self.restarts += 1
         assert self.bench is not None
+        if context is None:
+            return
         tokens = self.bench.resolve(context)
         assert tokens is not None
         self.bench.rewarm(tokens, self._warm_tokens(tokens))

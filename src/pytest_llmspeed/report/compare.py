@@ -15,6 +15,7 @@ prompt tok/s for prefill).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from enum import Enum
 
@@ -23,6 +24,8 @@ from tabulate import tabulate
 from .. import figures
 from ..gate.baseline import reference_of
 from ..gate.explain import Explanation, Side, change_noise, explain
+from ..gate.judge import SAME_LEVEL
+from ..gate.noise import t_quantile
 from ..gate.verdict import change_of, verdict
 from ..results import CellRecord, Check, Outcome, Phase, Results, Status, order_contexts
 
@@ -114,11 +117,20 @@ class CellChange:
 
     def interval(self) -> str:
         """``95 % interval −12.3% … −7.9%, tolerance ±5%`` of the deciding check's change
-        (positive better), or "" without one."""
+        as the line shows it, new / old − 1 (a ceiling's rises when it got worse), or ""
+        without one. The judge's own change is positive better (a ceiling's ``1 − X / R``,
+        below −100 % once a latency doubled); its standard error gives the interval of
+        ``ln(X / R)`` here."""
         c = self.check
         if c is None:
             return ""
-        lo, hi = change_of(c).interval()
+        judged = change_of(c)
+        mean = sum(c.values) / len(c.values)
+        if mean <= 0 or c.reference <= 0:
+            return ""
+        q = t_quantile(0.5 + SAME_LEVEL / 2, judged.df)
+        log_ratio = math.log(mean / c.reference)
+        lo, hi = math.expm1(log_ratio - q * judged.se), math.expm1(log_ratio + q * judged.se)
         return _minus(f"95 % interval {lo:+.1%} … {hi:+.1%}, tolerance ±{c.tolerance:.0%}")
 
 
