@@ -17,8 +17,8 @@ from enum import StrEnum
 from typing import Any, Literal
 
 #: the phase of the cells that record a figure: "both" is prefill and decode, "open" the
-#: open-loop cells (rate and trace: docs/workloads.md)
-Where = Literal["prefill", "decode", "both", "open"]
+#: open-loop cells (rate and trace: docs/workloads.md), "conversation" the conversation cells
+Where = Literal["prefill", "decode", "both", "open", "conversation"]
 #: the phases of the open-loop cells
 OPEN_PHASES = ("rate", "trace")
 
@@ -63,7 +63,8 @@ class Figure:
         return f"{self.key}_ci"
 
     def in_phase(self, phase: str) -> bool:
-        """Recorded by cells of ``phase`` ("prefill", "decode", "rate", "trace", or a Phase)."""
+        """Recorded by cells of ``phase`` ("prefill", "decode", "rate", "trace",
+        "conversation", or a Phase)."""
         if self.phase == "open":
             return phase in OPEN_PHASES
         return self.phase == phase or (self.phase == "both" and phase in ("prefill", "decode"))
@@ -194,6 +195,81 @@ FIGURES: tuple[Figure, ...] = (
         optional=True,
         listed=True,
     ),
+    # conversation cells (docs/workloads.md, "Conversations"): the cell's own figures over
+    # turns 2 ... T (those that should hit the prefix cache), then one value per turn index,
+    # turn 1 first (None where a turn has none)
+    _F(
+        "conv_ttft_ms",
+        "conversation",
+        "TTFT of the turns after the first ms",
+        "ms",
+        gate=_CEILING,
+        headline=True,
+    ),
+    _F(
+        "conv_hit_rate",
+        "conversation",
+        "server's prefix-cache hit rate after the first turn",
+        "fraction",
+        digits=4,
+        listed=True,
+    ),
+    _F(
+        "conv_expected_hit_share",
+        "conversation",
+        "prefix-cache share the history should hit",
+        "fraction",
+        digits=4,
+        listed=True,
+    ),
+    _F("conv_turns", "conversation", "turns reached", kind=int, listed=True),
+    _F("conv_requests", "conversation", "requests sent", kind=int),
+    _F("conv_failed", "conversation", "requests failed", kind=int),
+    _F("conv_early_stops", "conversation", "early stops", kind=int),
+    _F("turn_users", "conversation", "users in each turn", kind=tuple, junit=None),
+    _F("turn_prompt_tokens", "conversation", "prompt tokens of each turn", kind=tuple, junit=None),
+    _F("turn_ttft_ms", "conversation", "TTFT of each turn ms", "ms", kind=tuple, junit=None),
+    _F(
+        "turn_new_prefill_tok_s",
+        "conversation",
+        "prefill of each turn's new part tok/s",
+        "tok/s",
+        kind=tuple,
+        junit=None,
+    ),
+    _F(
+        "turn_output_tok_s",
+        "conversation",
+        "output tok/s of each turn",
+        "tok/s",
+        kind=tuple,
+        junit=None,
+    ),
+    _F(
+        "turn_hit_rate",
+        "conversation",
+        "server's prefix-cache hit rate in each turn",
+        "fraction",
+        kind=tuple,
+        junit=None,
+    ),
+    _F(
+        "turn_expected_hit_share",
+        "conversation",
+        "prefix-cache share each turn should hit",
+        "fraction",
+        kind=tuple,
+        junit=None,
+    ),
+    _F(
+        "turn_expected_hit_share_answers",
+        "conversation",
+        "... with the answers cached too",
+        "fraction",
+        kind=tuple,
+        junit=None,
+    ),
+    _F("conv_answers", "conversation", "answers carried as", kind=str, optional=True),
 )
 
 

@@ -16,9 +16,10 @@ History of the format (``schema`` key):
   "detail"}``, which a file before them says in its ``notes``' words, read back by
   :func:`flags_of_notes`; open-loop cells, phases ``rate`` and ``trace`` with ids
   ``rate[8K-r2]`` and ``trace[NAME]`` and their own figures, docs/workloads.md: a reader
-  before them refuses their ids); a reader keeps keys it does not know (``extra``) and writes them
-  back, and leaves out a known key the file lacks (``CellRecord.absent``). The gate's
-  verdicts are data: a check read back keeps the verdict it stored (``Check.stored``),
+  before them refuses their ids; conversation cells, phase ``conversation``, ids
+  ``conversation[8K-u4-t3]``, likewise); a reader keeps keys it does not know (``extra``)
+  and writes them back, and leaves out a known key the file lacks (``CellRecord.absent``).
+  The gate's verdicts are data: a check read back keeps the verdict it stored (``Check.stored``),
   whatever rule this version judges by. A change of meaning of an existing key is a new major
   version (v2), and v1 stays readable.
 """
@@ -83,6 +84,7 @@ class Phase(StrEnum):
     DECODE = "decode"
     RATE = "rate"  # open loop at an arrival rate (docs/workloads.md)
     TRACE = "trace"  # open loop at a replayed trace's times
+    CONVERSATION = "conversation"  # users in step through conversations of several turns
 
     @property
     def open_loop(self) -> bool:
@@ -154,7 +156,8 @@ def _parse_label(label: str) -> int | str:
 
 _CELL_ID_RE = re.compile(
     r"^(?:prefill\[(\d+K?|max|limit)\]|decode\[(\d+K?|max)-c([1-9]\d*)\]"
-    r"|rate\[(\d+K?|max)-r(\d+(?:\.\d+)?)\]|trace\[([A-Za-z0-9_.-]{1,64})\])$"
+    r"|rate\[(\d+K?|max)-r(\d+(?:\.\d+)?)\]|trace\[([A-Za-z0-9_.-]{1,64})\]"
+    r"|conversation\[(\d+K?|max)-u([1-9]\d*)-t([1-9]\d*)\])$"
 )
 _TRACE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -169,21 +172,29 @@ def rate_label(rate: float) -> str:
 @dataclass(frozen=True)
 class CellId:
     """The one codec for cell ids: ``decode[32K-c8]``, ``prefill[max]``, ``rate[8K-r2]``,
-    ``trace[NAME]``.
+    ``trace[NAME]``, ``conversation[8K-u4-t3]``.
 
     ``context`` is a token count, ``"max"`` or (prefill) ``"limit"``, and for a trace cell the
-    trace's name; ``concurrency`` is None but for decode cells, ``rate`` (requests per second)
-    None but for rate cells.
+    trace's name; ``concurrency`` is None but for decode cells and conversation cells (its
+    users), ``rate`` (requests per second) None but for rate cells, ``turns`` None but for
+    conversation cells.
     """
 
     phase: Phase
     context: int | str
     concurrency: int | None = None
     rate: float | None = None
+    turns: int | None = None
 
     def __post_init__(self) -> None:
-        if (self.phase is Phase.DECODE) != (self.concurrency is not None):
-            raise ValueError("a decode cell has a concurrency, other cells have none")
+        talks = self.phase is Phase.CONVERSATION
+        if (self.phase in (Phase.DECODE, Phase.CONVERSATION)) != (self.concurrency is not None):
+            raise ValueError(
+                "a decode cell has a concurrency, a conversation cell its users, other cells "
+                "have none"
+            )
+        if talks != (self.turns is not None) or (self.turns is not None and self.turns < 1):
+            raise ValueError("a conversation cell has 1 turn or more, other cells have none")
         if (self.phase is Phase.RATE) != (self.rate is not None):
             raise ValueError("a rate cell has a rate, other cells have none")
         if self.rate is not None and not (self.rate > 0 and math.isfinite(self.rate)):
@@ -214,13 +225,18 @@ class CellId:
         return cls(Phase.TRACE, name)
 
     @classmethod
+    def conversation(cls, context: int | str, users: int, turns: int) -> CellId:
+        """The conversation cell: the first turn's prompt, the users, the turns."""
+        return cls(Phase.CONVERSATION, context, users, turns=turns)
+
+    @classmethod
     def parse(cls, text: str) -> CellId:
         """``"decode[32K-c8]"`` → CellId; ValueError naming the expected form otherwise."""
         m = _CELL_ID_RE.match(text)
         if not m:
             raise ValueError(
                 f"unknown cell id {text!r}: cell ids look like prefill[8K], decode[32K-c8], "
-                "rate[8K-r2] or trace[NAME]"
+                "rate[8K-r2], trace[NAME] or conversation[8K-u4-t3]"
             )
         if m.group(1) is not None:
             return cls.prefill(_parse_label(m.group(1)))
@@ -228,6 +244,8 @@ class CellId:
             return cls.decode(_parse_label(m.group(2)), int(m.group(3)))
         if m.group(4) is not None:
             return cls.at_rate(_parse_label(m.group(4)), float(m.group(5)))
+        if m.group(7) is not None:
+            return cls.conversation(_parse_label(m.group(7)), int(m.group(8)), int(m.group(9)))
         return cls.trace(m.group(6))
 
     @property
@@ -238,7 +256,10 @@ class CellId:
     @property
     def param_id(self) -> str:
         """The pytest parameter id: ``32K`` for a prefill cell, ``32K-c8`` for a decode cell,
-        ``8K-r2`` for a rate cell, the name for a trace cell."""
+        ``8K-r2`` for a rate cell, the name for a trace cell, ``8K-u4-t3`` for a
+        conversation cell."""
+        if self.turns is not None:
+            return f"{self.label}-u{self.concurrency}-t{self.turns}"
         if self.rate is not None:
             return f"{self.label}-r{rate_label(self.rate)}"
         return self.label if self.concurrency is None else f"{self.label}-c{self.concurrency}"
@@ -934,6 +955,24 @@ class CellRecord:
     sched_ttft_ms_ci: tuple[float, float] | None = None
     sched_e2e_ms_ci: tuple[float, float] | None = None
     open_tbt_ms_ci: tuple[float, float] | None = None
+    #: conversation cells (docs/workloads.md, "Conversations"): over turns 2 ... T, then one
+    #: value per turn index (turn 1 first)
+    conv_ttft_ms: float | None = None
+    conv_hit_rate: float | None = None
+    conv_expected_hit_share: float | None = None
+    conv_turns: int | None = None
+    conv_requests: int | None = None
+    conv_failed: int | None = None
+    conv_early_stops: int | None = None
+    turn_users: tuple[int, ...] | None = None
+    turn_prompt_tokens: tuple[int | None, ...] | None = None
+    turn_ttft_ms: tuple[float | None, ...] | None = None
+    turn_new_prefill_tok_s: tuple[float | None, ...] | None = None
+    turn_output_tok_s: tuple[float | None, ...] | None = None
+    turn_hit_rate: tuple[float | None, ...] | None = None
+    turn_expected_hit_share: tuple[float | None, ...] | None = None
+    turn_expected_hit_share_answers: tuple[float | None, ...] | None = None
+    conv_answers: str | None = None
     #: what the server's /metrics say of the cell's window (None: nothing exposed, or a file
     #: written before them); written under "server"
     server: ServerFigures | None = None
@@ -980,6 +1019,7 @@ class CellRecord:
             self.total_tok_s is not None
             or self.prompt_tok_s is not None
             or self.sched_ttft_ms is not None
+            or self.turn_users is not None
         )
 
     def __getitem__(self, key: str) -> Any:

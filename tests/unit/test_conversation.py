@@ -153,3 +153,108 @@ def test_the_block_size_is_vllms_cache_config_label_the_same_on_every_engine():
     assert block_size_from_metrics(info("-16")) is None
     assert block_size_from_metrics(info("1e3")) is None
     assert block_size_from_metrics({}) is None and block_size_from_metrics(None) is None
+
+
+# -- the cell in the results model -------------------------------------------------------------
+
+
+def test_conversation_ids_round_trip_and_refuse_what_is_not_one():
+    from pytest_llmspeed.results import CellId, Phase
+
+    cid = CellId.parse("conversation[8K-u4-t3]")
+    assert cid == CellId.conversation(8192, 4, 3)
+    assert cid.phase is Phase.CONVERSATION and cid.concurrency == 4 and cid.turns == 3
+    assert str(cid) == "conversation[8K-u4-t3]" and cid.param_id == conversation_id(8192, 4, 3)
+    assert str(CellId.parse("conversation[1500-u1-t1]")) == "conversation[1500-u1-t1]"
+    for bad in ("conversation[8K-u0-t3]", "conversation[8K-u4]", "conversation[8K-t3-u4]"):
+        with pytest.raises(ValueError, match="conversation\\[8K-u4-t3\\]"):
+            CellId.parse(bad)
+    with pytest.raises(ValueError, match="1 turn or more"):
+        CellId(Phase.CONVERSATION, 8192, 4, turns=0)
+    with pytest.raises(ValueError, match="1 turn or more"):
+        CellId(Phase.DECODE, 8192, 4, turns=2)
+
+
+def _result() -> ConversationResult:
+    def turn(k: int, ttft: float, hits: int, prev: int | None):
+        recs = [_record(0.0, ttft / 1e3, [ttft / 1e3, ttft / 1e3 + 0.1], [1, 7], 200 + 10 * k)]
+        server = ServerFigures(duration_s=1.0, prefix_cache_queries=200, prefix_cache_hits=hits)
+        sent = [Sent(0, 200 + 10 * k, prev, None, 8, recs[0])]
+        return turn_figures(k, sent, 16, server)
+
+    return ConversationResult(
+        [turn(1, 500.0, 0, None), turn(2, 40.0, 192, 100), turn(3, 60.0, 96, 150)],
+        notes=["answers: tokenized text"],
+        answers="tokenized text",
+    )
+
+
+def test_a_conversation_record_round_trips_through_the_file_junit_and_the_schema():
+    import jsonschema
+
+    from pytest_llmspeed.core.records import conversation_record
+    from pytest_llmspeed.results import CellId, Results, RunInfo, Status, loads
+    from tests.conftest import SCHEMA
+
+    cid = CellId.conversation(8192, 1, 3)
+    record = conversation_record(cid, _result(), context_tokens=8192)
+    assert record.status is Status.VALID and record.measured
+    assert record.conv_ttft_ms == pytest.approx(50.0) and record.conv_turns == 3
+    assert record.turn_ttft_ms == pytest.approx((500.0, 40.0, 60.0))
+    assert record.turn_hit_rate == pytest.approx((0.0, 0.96, 0.48))
+    assert record.conv_hit_rate == pytest.approx((192 + 96) / 400)
+    assert record.turn_expected_hit_share_answers == (0.0, None, None)
+    assert record.samples is not None and len(record.samples.ttft_ms) == 2  # turns 2 and 3
+    run = RunInfo("pytest-llmspeed", "2026-12-01T00:00:00+00:00", "sim:tiny")
+    doc = Results(run, (record,)).dumps()
+    jsonschema.Draft202012Validator(SCHEMA).validate(json.loads(doc))
+    written = json.loads(doc)["cells"][0]
+    assert written["id"] == "conversation[8K-u1-t3]" and written["concurrency"] == 1
+    assert written["turn_expected_hit_share_answers"] == [0.0, None, None]
+    back = loads(doc).cells[0]
+    assert back == record
+    props = dict(record.properties())
+    assert props["phase"] == "conversation" and props["conv_ttft_ms"] == record.conv_ttft_ms
+    assert "turn_ttft_ms" not in props and "total_tok_s" not in props
+
+
+def test_a_conversation_cell_fails_on_other_prompt_lengths_or_too_many_errors():
+    from pytest_llmspeed.core.conversation import conversation_status
+    from pytest_llmspeed.results import Status
+
+    assert conversation_status(_result(), 0.05).status is Status.VALID
+    wrong = _record(0.0, 0.02, [0.02], [1], 1030)
+    bad = turn_figures(1, [Sent(0, 1024, None, None, 1, wrong)], None)
+    status = conversation_status(ConversationResult([bad]), 0.05)
+    assert status.status is Status.FAILED and "1,030 (1×)" in (status.reason or "")
+    failed = _record(0.0, None, [], [], None, error="HTTP 500")
+    lost = turn_figures(1, [Sent(0, 1024, None, None, 1, failed)], None)
+    status = conversation_status(ConversationResult([lost]), 0.05)
+    assert status.status is Status.FAILED and "1 of 1 requests failed" in (status.reason or "")
+    none = conversation_status(ConversationResult([], notes=["user 1's conversation ended"]), 0)
+    assert none.status is Status.ERROR and none.reason == "user 1's conversation ended"
+
+
+def test_a_conversation_cell_is_compared_by_its_later_turns_ttft():
+    from pytest_llmspeed import figures
+
+    assert figures.headline("conversation").key == "conv_ttft_ms"
+    assert figures.by_key("conv_ttft_ms").gate is figures.Gate.CEILING
+
+
+def test_a_conversation_cell_shows_in_all_measurements_the_page_and_compare():
+    from pytest_llmspeed.core.records import conversation_record
+    from pytest_llmspeed.report.compare import headline
+    from pytest_llmspeed.report.page import render_page
+    from pytest_llmspeed.report.terminal import render
+    from pytest_llmspeed.results import CellId, Results, RunInfo
+
+    record = conversation_record(CellId.conversation(8192, 1, 3), _result(), context_tokens=8192)
+    text = "\n".join(render([record], 160, True, []))
+    row = next(line for line in text.splitlines() if line.startswith("Conversation"))
+    assert "50 ms" in row  # the TTFT of turns 2 and 3
+    assert "server's prefix-cache hit rate after the first turn" in text  # More figures
+    assert "72.0%" in text and "53.3%" in text  # the hit rate beside the share it should hit
+    html = render_page(Results(RunInfo("pytest-llmspeed", "2026-12-01", "sim:tiny"), (record,)))
+    assert "Conversation" in html.html
+    assert headline(record) == ("conv_ttft_ms", 50.0)

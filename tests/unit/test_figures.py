@@ -72,7 +72,10 @@ def test_every_figure_is_a_typed_field_of_the_record_and_every_field_a_figure_or
 
 def test_the_lookups():
     assert [f.key for f in figures.floors()] == ["total_tok_s", "per_request_tok_s", "prompt_tok_s"]
-    assert [f.key for f in figures.ceilings()] == ["ttft_ms", "tbt_ms", "sched_ttft_ms"]
+    assert [f.key for f in figures.ceilings()] == [
+        "ttft_ms", "tbt_ms", "sched_ttft_ms", "conv_ttft_ms",
+    ]  # fmt: skip
+    assert figures.headline(Phase.CONVERSATION).key == "conv_ttft_ms"
     assert figures.headline(Phase.DECODE).key == "total_tok_s"
     assert figures.headline(Phase.PREFILL).key == "prompt_tok_s"
     assert [f.key for f in figures.of_phase("prefill")] == [
@@ -223,7 +226,7 @@ def test_a_listed_figure_is_in_the_terminal_with_v_and_on_the_page(added):
 
 def test_without_a_listed_figure_there_is_no_such_table():
     record = full_record(Phase.DECODE)
-    listed = [f.key for f in figures.listed() if f.phase != "open"]
+    listed = [f.key for f in figures.listed() if f.phase not in ("open", "conversation")]
     assert listed == ["read_gb_s", "bandwidth_share"]
     record = dataclasses.replace(record, read_gb_s=None, bandwidth_share=None)
     assert "More figures" not in render([record], 120, True, [])

@@ -28,6 +28,7 @@ from .client import Connection, StreamRecord, account_tokens, stream_request
 from .errors import KeyRejected, LLMSpeedError, MalformedAnswer
 from .prompts import PromptFactory
 from .server_figures import ServerFigures
+from .status import CellStatus
 from .wire import DONE, Dialect, _choice_output, loads, request_fields, shown
 
 #: token ids a server may name (a larger id, a negative one or a boolean is refused)
@@ -312,6 +313,37 @@ class ConversationResult:
             return None
         total = sum(sum(t.prompt_tokens) for t in later)
         return sum(t.expected_tokens or 0 for t in later) / total if total else None
+
+
+def conversation_status(result: ConversationResult, max_error_rate: float) -> CellStatus:
+    """Valid, or failed (prompts the server counted at another length than sent; more failed
+    requests than ``max_error_rate``), as an open-loop cell's; an error when no turn ran."""
+    from ..results import Status
+
+    wrong: dict[int, int] = {}
+    for t in result.turns:
+        for k, v in t.wrong_lengths.items():
+            wrong[k] = wrong.get(k, 0) + v
+    if wrong:
+        return CellStatus(
+            Status.FAILED,
+            "the server counted other prompt lengths than those sent: "
+            + ", ".join(f"{k:,} ({v}×)" for k, v in sorted(wrong.items())),
+            "prompt_form",
+        )
+    requests = sum(t.users for t in result.turns)
+    failed = sum(t.failed for t in result.turns)
+    if requests and failed / requests > max_error_rate:
+        return CellStatus(
+            Status.FAILED,
+            f"{failed} of {requests} requests failed "
+            f"({failed / requests:.0%} > max_error_rate {max_error_rate:g})",
+            "max_error_rate",
+        )
+    if not result.turns:
+        ended = next(iter(result.notes), "no conversation had a turn")
+        return CellStatus(Status.ERROR, ended)
+    return CellStatus(Status.VALID)
 
 
 def _ended(user: int, turn: int, turns: int, prompt: int, answer: int, limit: int) -> str:

@@ -7,6 +7,7 @@ import numpy as np
 
 from ..results import CellId, CellRecord, Samples, Status
 from .bandwidth import MemoryModel, decode_bandwidth
+from .conversation import ConversationResult, conversation_status
 from .intervals import Interval, median_interval
 from .openloop import OpenLoopResult, open_status
 from .protocol import DecodeResult, PrefillResult
@@ -194,6 +195,50 @@ def open_record(
         flags=result.flags,
         notes=result.notes,
         server=result.server,
+    )
+
+
+def conversation_record(
+    cid: CellId,
+    result: ConversationResult,
+    max_error_rate: float = MAX_ERROR_RATE,
+    context_tokens: int | None = None,
+) -> CellRecord:
+    """A conversation cell (``conversation[8K-u4-t3]``: docs/workloads.md, "Conversations"):
+    its figures over turns 2 ... T and per turn, its status as
+    :func:`~.conversation.conversation_status` decides with ``max_error_rate``."""
+    status = conversation_status(result, max_error_rate)
+    turns = result.turns
+
+    def each(name: str, nd: int) -> tuple[float | None, ...]:
+        return tuple(_r(t.median(name), nd) for t in turns)
+
+    later = [v for t in turns if t.turn >= 2 for v in t.ttft_ms]
+    return CellRecord(
+        id=cid,
+        status=status.status,
+        reason=status.message,
+        context_tokens=context_tokens,
+        conv_ttft_ms=_r(result.conv_ttft_ms, 2),
+        conv_hit_rate=_r(result.conv_hit_rate, 4),
+        conv_expected_hit_share=_r(result.conv_expected_hit_share, 4),
+        conv_turns=len(turns),
+        conv_requests=sum(t.users for t in turns),
+        conv_failed=sum(t.failed for t in turns),
+        conv_early_stops=sum(t.early_stops for t in turns),
+        turn_users=tuple(t.users for t in turns),
+        turn_prompt_tokens=tuple(
+            round(float(np.median(t.prompt_tokens))) if t.prompt_tokens else None for t in turns
+        ),
+        turn_ttft_ms=each("ttft_ms", 2),
+        turn_new_prefill_tok_s=each("new_prefill_tok_s", 1),
+        turn_output_tok_s=each("output_tok_s", 2),
+        turn_hit_rate=tuple(_r(t.hit_rate, 4) for t in turns),
+        turn_expected_hit_share=tuple(_r(t.expected_hit_share, 4) for t in turns),
+        turn_expected_hit_share_answers=tuple(_r(t.expected_hit_share_answers, 4) for t in turns),
+        conv_answers=result.answers,
+        samples=Samples(ttft_ms=tuple(round(float(x), 3) for x in later)),
+        notes=tuple(result.notes),
     )
 
 

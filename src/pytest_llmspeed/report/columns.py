@@ -30,12 +30,16 @@ class Column:
     on_page: Callable[[CellRecord], str] | None = None
     #: an open-loop cell's text (rate, trace: docs/workloads.md); None: "—"
     open: Callable[[CellRecord], str] | None = None
+    #: a conversation cell's text (docs/workloads.md, "Conversations"); None: "—"
+    conversation: Callable[[CellRecord], str] | None = None
 
     def text(self, cell: CellRecord, page: bool = False) -> str:
         if page and self.on_page is not None:
             return self.on_page(cell)
         if cell.phase.open_loop:
             show = self.open
+        elif cell.phase is Phase.CONVERSATION:
+            show = self.conversation
         else:
             show = self.decode if cell.phase is Phase.DECODE else self.prefill
         return show(cell) if show is not None else NONE
@@ -46,6 +50,7 @@ _PHASE_WORDS = {
     Phase.DECODE: "Sustained decode",
     Phase.RATE: "Open loop: rate",
     Phase.TRACE: "Open loop: trace",
+    Phase.CONVERSATION: "Conversation",
 }
 
 
@@ -69,13 +74,14 @@ def _status(c: CellRecord) -> str:
 
 #: the head of every row: which cell, and its status (shown for a cell with no figures too)
 HEAD: tuple[Column, ...] = (
-    Column("Phase", _phase, _phase, open=_phase),
+    Column("Phase", _phase, _phase, open=_phase, conversation=_phase),
     Column(
         "Context",
         _context,
         _context,
         on_page=lambda c: str(c.context_display or c.context),
         open=_context,
+        conversation=_context,
     ),
     Column(
         "Requests at once",
@@ -84,8 +90,16 @@ HEAD: tuple[Column, ...] = (
         "Requests",
         on_page=lambda c: _concurrency(c) if c.phase.open_loop else str(c.concurrency),
         open=_concurrency,
+        conversation=_concurrency,  # its users
     ),
-    Column("Status", _status, _status, on_page=lambda c: c.status.label, open=_status),
+    Column(
+        "Status",
+        _status,
+        _status,
+        on_page=lambda c: c.status.label,
+        open=_status,
+        conversation=_status,
+    ),
 )
 
 #: the figures: "—" in each for a cell that has none
@@ -105,6 +119,7 @@ FIGURES: tuple[Column, ...] = (
         lambda c: fmt_ms(c.ttft_ms) + fmt_ci_ms(c.ttft_ms_ci),
         lambda c: fmt_ms(c.ttft_ms) + fmt_ci_ms(c.ttft_ms_ci),
         open=lambda c: fmt_ms(c.sched_ttft_ms) + fmt_ci_ms(c.sched_ttft_ms_ci),
+        conversation=lambda c: fmt_ms(c.conv_ttft_ms),  # the turns after the first
     ),
     Column(
         "TTFT p90",
@@ -132,6 +147,7 @@ FIGURES: tuple[Column, ...] = (
         lambda c: str(c.repeats or 1),
         short="Completed",
         open=lambda c: str(c.open_completed),
+        conversation=lambda c: str((c.conv_requests or 0) - (c.conv_failed or 0)),
     ),
     Column("Output tokens", lambda c: f"{c.output_tokens or 0:,}"),
     Column(
