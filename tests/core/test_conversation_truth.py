@@ -29,7 +29,7 @@ from pytest_llmspeed.sim.server import prompt_hash
 
 from .truth import CLOCK_SLACK_S, TRACE_LIMIT, _client_chunks
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 CONTEXT = 1000  # not a whole number of blocks: the last block of each prompt is partial
 MESSAGE = 100
@@ -50,6 +50,7 @@ async def _records(conn: Connection) -> dict[str, dict]:
     return {r["id"]: r for r in json.loads(body)["requests"]}
 
 
+@pytest.mark.asyncio
 async def test_each_turns_hit_rate_is_the_simulators_cache_record_and_the_expected_share():
     with running_simulator_process(SimOptions(profile="tiny", speed=4.0)) as url:
         conn, server, factory, dialect = await _open(url)
@@ -99,6 +100,7 @@ async def test_each_turns_hit_rate_is_the_simulators_cache_record_and_the_expect
     assert result.conv_hit_rate is not None and result.conv_hit_rate > 0.7
 
 
+@pytest.mark.asyncio
 async def test_a_conversation_that_outgrows_the_context_ends_and_says_so():
     options = SimOptions(profile="tiny", speed=4.0, max_model_len=CONTEXT + 300)
     with running_simulator_process(options) as url:
@@ -123,6 +125,7 @@ async def test_a_conversation_that_outgrows_the_context_ends_and_says_so():
     assert all(t.users == 2 and t.hits is None for t in result.turns)
 
 
+@pytest.mark.asyncio
 async def test_with_the_servers_own_ids_each_prompt_is_the_whole_history_token_for_token():
     with running_simulator_process(SimOptions(profile="tiny", speed=4.0)) as url:
         conn, server, factory, dialect = await _open(url)
@@ -168,3 +171,34 @@ async def test_with_the_servers_own_ids_each_prompt_is_the_whole_history_token_f
         assert turn.expected_hit_share_answers is not None
         assert turn.expected_hit_share is not None
         assert turn.expected_hit_share_answers > turn.expected_hit_share
+
+
+def test_a_script_gets_the_conversation_cell_with_the_servers_own_ids_and_its_block_size():
+    from pytest_llmspeed.core.bench import Bench, BenchConfig
+    from pytest_llmspeed.results import Status
+
+    with running_simulator_process(SimOptions(profile="tiny", speed=4.0)) as url:
+        bench = Bench(BenchConfig(url, None, None, "completions", 64, 2.0, 60, None))
+        try:
+            bench.start()
+            record = bench.conversation_cell(1024, 2, 3, MESSAGE, ANSWER, 0.0)
+            again = bench.conversation_cell(1024, 2, 3, MESSAGE, ANSWER, 0.0)
+        finally:
+            bench.close()
+    assert str(record.id) == "conversation[1K-u2-t3]" and record.status is Status.VALID
+    assert record.conv_answers == OWN_IDS and record.turn_users == (2, 2, 2)
+    assert record.turn_prompt_tokens == (
+        1024,
+        1024 + ANSWER + MESSAGE,
+        1024 + 2 * (ANSWER + MESSAGE),
+    )
+    # the block size came from /metrics: the expected shares are known, and the hit rate is
+    # the prompts-cached share (the simulator caches prompt blocks only)
+    assert record.turn_hit_rate is not None and record.turn_expected_hit_share is not None
+    assert record.turn_hit_rate[0] == 0 and record.turn_expected_hit_share[0] == 0
+    assert record.turn_hit_rate[1:] == record.turn_expected_hit_share[1:]
+    assert record.conv_hit_rate is not None and record.conv_hit_rate > 0.8
+    answers = record.turn_expected_hit_share_answers
+    assert answers is not None and all(a is not None for a in answers)
+    # a second measurement starts cold (a fresh salt): its first turn finds nothing cached
+    assert again.turn_hit_rate is not None and again.turn_hit_rate[0] == 0

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from ..results import CellId, CellRecord
 from .bandwidth import MemoryModel
 from .client import Connection
+from .conversation import ConversationResult, block_size_from_metrics, run_conversations
 from .errors import CellCut, LLMSpeedError
 from .heartbeat import LoopLag
 from .matrix import Limits, resolve_context
@@ -44,7 +45,13 @@ from .protocol import (
     run_decode,
     run_prefill,
 )
-from .records import decode_record, open_record, prefill_record, unmeasured_record
+from .records import (
+    conversation_record,
+    decode_record,
+    open_record,
+    prefill_record,
+    unmeasured_record,
+)
 from .replicas import ReplicaSet, per_replica_tok_s, probe_replicas
 from .stats import RequestBounds
 from .status import MAX_ERROR_RATE, cell_status
@@ -528,6 +535,60 @@ class Bench:
         return dataclasses.replace(
             result, expected_hit_share=expected_hit_share(trace), notes=notes
         )
+
+    def converse(
+        self,
+        context: int,
+        users: int,
+        turns: int,
+        message_tokens: int = 256,
+        answer_tokens: int = 256,
+        think_s: float = 1.0,
+    ) -> ConversationResult:
+        """One conversation cell (docs/workloads.md, "Conversations"): ``users`` conversations
+        of ``turns`` turns in step, the first prompt of ``context`` tokens, each later one the
+        whole history and a new message of ``message_tokens``, answers of ``answer_tokens``,
+        ``think_s`` between turns. Cold: a fresh salt, so no earlier cell's prompts are
+        cached. The server's answer ids are asked where it is vLLM (``return_token_ids``,
+        ignored by a vLLM before 0.10.2) or the simulator; the KV block size comes from
+        ``/metrics`` (unknown: no expected share)."""
+        assert self.conn and self.factory and self.dialect and self.server
+        factory, dialect, model = self.factory.fresh(), self.dialect, self.server.model
+        conn, limit = self.conn, self.limits.max_model_len
+        own_ids = self.server.engine in ("vllm", "llmspeed-sim")
+        watch = self.server_has_metrics
+
+        async def cell() -> ConversationResult:
+            block = None
+            if watch:
+                from .probe import read_metrics
+
+                block = block_size_from_metrics(await read_metrics(conn))
+            return await run_conversations(
+                conn, factory, dialect, model, context, users, turns, message_tokens,
+                answer_tokens, think_s, max_model_len=limit, block_size=block,
+                return_token_ids=own_ids, watch_metrics=watch,
+            )  # fmt: skip
+
+        return self.run(cell())
+
+    def conversation_cell(
+        self,
+        context: int | str,
+        users: int,
+        turns: int,
+        message_tokens: int = 256,
+        answer_tokens: int = 256,
+        think_s: float = 1.0,
+    ) -> CellRecord:
+        """The conversation cell ``conversation[C-uU-tT]`` as the pytest layer records it."""
+        cid = CellId.conversation(context, users, turns)
+        tokens = self._tokens(context)
+        try:
+            result = self.converse(tokens, users, turns, message_tokens, answer_tokens, think_s)
+        except LLMSpeedError as exc:
+            return _stopped(cid, exc, tokens)
+        return conversation_record(cid, result, self.config.max_error_rate, tokens)
 
     @property
     def server_has_metrics(self) -> bool:
