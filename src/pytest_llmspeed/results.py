@@ -1222,6 +1222,8 @@ class RunInfo:
     launch_command: str | None = None  # how the server was started, secrets redacted
     #: with --llm-slo: per decode context, {"requests": N or None, "stopped_by": words or None}
     capacity: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: with --llm-slo and --llm-rates: per context, {"rate": req/s or None, "stopped_by": ...}
+    rate_capacity: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_v1(self) -> dict[str, Any]:
@@ -1239,6 +1241,8 @@ class RunInfo:
             out["launch_command"] = self.launch_command
         if self.capacity:
             out["capacity"] = {k: dict(v) for k, v in self.capacity.items()}
+        if self.rate_capacity:
+            out["rate_capacity"] = {k: dict(v) for k, v in self.rate_capacity.items()}
         out.update(self.extra)
         return out
 
@@ -1255,7 +1259,11 @@ class RunInfo:
             kwargs["launch_command"] = data["launch_command"]
         if isinstance(data.get("capacity"), Mapping):
             kwargs["capacity"] = {str(k): dict(v) for k, v in data["capacity"].items()}
-        added = (*_RUN_KEYS, "metadata", "launch_command", "capacity")
+        if isinstance(data.get("rate_capacity"), Mapping):
+            kwargs["rate_capacity"] = {
+                str(k): dict(v) for k, v in data["rate_capacity"].items() if isinstance(v, Mapping)
+            }
+        added = (*_RUN_KEYS, "metadata", "launch_command", "capacity", "rate_capacity")
         kwargs["extra"] = {k: v for k, v in data.items() if k not in added}
         return cls(**kwargs)
 

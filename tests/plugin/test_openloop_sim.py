@@ -216,3 +216,36 @@ def test_a_replayed_trace_is_re_measured_on_fresh_starts_and_gated(pytester):
     assert "Interrupted" not in slower.stdout.str()
     cell = _cells_of(pytester, "b.json")["trace[day2]"]
     assert cell["baseline"] == "regressed" and len(cell["attempts"]) >= 2  # re-measured
+
+
+def test_the_capacity_as_a_rate_is_the_highest_rate_that_meets_the_objectives(pytester):
+    """One running request at a time, a quarter of the simulator's speed: 1 request a second
+    meets TTFT ≤ 1 s from the schedule; 32 a second queue for seconds and miss it. The
+    capacity as a rate is 1/s, in the terminal, the results file and JUnit."""
+    from xml.etree import ElementTree
+
+    result = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=0.25&max_num_seqs=1",
+        "--llm-contexts=1K", "--llm-rates=1,32", "--llm-duration=2", "--llm-max-output=16",
+        "--llm-slo=ttft<=1s", "-m", "rate", "-p", "no:benchmark", "-p", "no:randomly",
+        "--llm-results=out.json", "--junitxml=out.xml",
+    )  # fmt: skip
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "Capacity as an arrival rate at ttft<=1s (the highest rate, open loop, *",
+            "  1K: 1 request/s (32/s misses ttft: * s > 1 s)",
+        ]
+    )
+    doc = json.loads((pytester.path / "out.json").read_text())
+    cells = {c["id"]: c for c in doc["cells"]}
+    low = cells["rate[1K-r1]"]
+    # met: the whole interval (4 requests have none: their median)
+    assert (low.get("sched_ttft_ms_ci") or [low["sched_ttft_ms"]])[-1] < 1000
+    assert cells["rate[1K-r32]"]["sched_ttft_ms_ci"][0] > 1000  # missed: the whole interval
+    (rated,) = doc["run"]["rate_capacity"].values()
+    assert rated["rate"] == 1 and rated["stopped_by"].startswith("32/s misses ttft: ")
+    suite = ElementTree.parse(pytester.path / "out.xml").find("testsuite")
+    assert suite is not None
+    props = {p.get("name"): p.get("value") for p in suite.iterfind("properties/property")}
+    assert props["llmspeed_rate_capacity[1K]"] == "1.0"

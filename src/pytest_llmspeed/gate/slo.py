@@ -5,6 +5,11 @@ in, data and words out.
     bounds = parse("ttft_p90<=2s,tbt_p90<=50ms,per_request_tok_s>=20")
     judge(cell, bounds).verdict            # Meets.YES / NO / CLOSE, or None (not judged)
     capacities(results.cells, bounds)      # {"8K": Capacity(32, "64 misses ttft_p90: ...")}
+    rate_capacities(results.cells, bounds) # {"8K": RateCapacity(4.0, "16/s misses ttft: ...")}
+
+An open-loop rate cell (``rate[8K-r4]``) is judged on the same latencies counted from each
+request's scheduled send (:data:`OPEN_FIGURES`): the rate capacity is the highest measured rate
+up to which every rate cell of a context meets the objectives.
 """
 
 from __future__ import annotations
@@ -20,16 +25,19 @@ from ..core.stats import RequestBounds
 from ..results import CellRecord, Phase, Status, order_contexts
 
 __all__ = [
+    "OPEN_FIGURES",
     "Bound",
     "Capacity",
     "CellSLO",
     "Meets",
+    "RateCapacity",
     "SLOError",
     "capacities",
     "capacity_miss",
     "judge",
     "parse",
     "quantile_interval",
+    "rate_capacities",
     "request_bounds",
     "same",
     "text",
@@ -224,7 +232,20 @@ def quantile_interval(
 
 
 _QUANTILES = {"ttft_p90_ms": ("ttft_ms", 0.9), "ttft_p99_ms": ("ttft_ms", 0.99),
-              "tbt_p90_ms": ("tbt_ms", 0.9), "tbt_p99_ms": ("tbt_ms", 0.99)}  # fmt: skip
+              "tbt_p90_ms": ("tbt_ms", 0.9), "tbt_p99_ms": ("tbt_ms", 0.99),
+              # an open-loop cell's samples: TTFTs from the scheduled send
+              "sched_ttft_p90_ms": ("ttft_ms", 0.9),
+              "sched_ttft_p99_ms": ("ttft_ms", 0.99)}  # fmt: skip
+
+#: an objective's figure in an open-loop rate cell: the same latency, counted from each
+#: request's scheduled send (docs/workloads.md); an objective not here (a TBT quantile, a
+#: throughput) does not bound a rate cell, which then is not judged and says so
+OPEN_FIGURES = {
+    "ttft_ms": "sched_ttft_ms",
+    "ttft_p90_ms": "sched_ttft_p90_ms",
+    "ttft_p99_ms": "sched_ttft_p99_ms",
+    "tbt_ms": "open_tbt_ms",
+}
 
 
 def interval(cell: CellRecord, key: str) -> tuple[float, float] | None:
@@ -267,8 +288,11 @@ def judge(cell: CellRecord, bounds: Sequence[Bound]) -> CellSLO:
     side of a bound, too close when an interval straddles one, met when every interval is on
     the good side (a figure without an interval: its value)."""
     cid = str(cell.id)
-    if cell.id.phase is not Phase.DECODE:
-        return CellSLO(cid, None, why="a prefill cell (objectives bound decode cells)")
+    phase = cell.id.phase
+    if phase not in (Phase.DECODE, Phase.RATE):
+        return CellSLO(
+            cid, None, why=f"a {phase.value} cell (objectives bound decode and rate cells)"
+        )
     # a cell the baseline's gate failed was measured in full: it is judged like a valid one
     regressed = cell.status is Status.FAILED and cell.gate is not None and cell.gate.regressions
     if cell.status is not Status.VALID and not regressed:
@@ -276,10 +300,13 @@ def judge(cell: CellRecord, bounds: Sequence[Bound]) -> CellSLO:
     misses: list[str] = []
     close: list[str] = []
     for b in bounds:
-        value = getattr(cell, b.key, None)
+        key = b.key if phase is Phase.DECODE else OPEN_FIGURES.get(b.key)
+        if key is None:
+            return CellSLO(cid, None, why=f"not judged: a rate cell has no {b.name}")
+        value = getattr(cell, key, None)
         if value is None:
             return CellSLO(cid, None, why=f"not judged: no {b.name} (no request in the window)")
-        lo, hi = interval(cell, b.key) or (value, value)
+        lo, hi = interval(cell, key) or (value, value)
         lo, hi = min(lo, value), max(hi, value)
         good_all = b.holds(hi) if b.upper else b.holds(lo)
         good_none = not (b.holds(lo) if b.upper else b.holds(hi))
@@ -363,4 +390,50 @@ def capacities(cells: Iterable[CellRecord], bounds: Sequence[Bound]) -> dict[str
             stop = f"{c.concurrency} {got.words()}"
             break
         out[context] = Capacity(context, best, stop)
+    return out
+
+
+@dataclass(frozen=True)
+class RateCapacity:
+    """A context's capacity at the objectives as an arrival rate: the highest measured rate
+    (requests per second, open loop) up to which every rate cell meets them (None: not even
+    the lowest), and what stops the next."""
+
+    context: str
+    rate: float | None
+    stopped_by: str | None  # "16/s misses ttft: 2.6 s > 2 s"; None: none stopped it
+
+    def line(self) -> str:
+        """``8K: 4 requests/s (16/s misses ttft: 2.6 s > 2 s)``"""
+        rate = self.rate
+        count = "none" if rate is None else f"{rate:g} request{'' if rate == 1 else 's'}/s"
+        return f"{self.context}: {count}" + (f" ({self.stopped_by})" if self.stopped_by else "")
+
+    def to_dict(self) -> dict[str, float | str | None]:
+        """As the results file keeps it under ``run.rate_capacity``."""
+        return {"rate": self.rate, "stopped_by": self.stopped_by}
+
+
+def rate_capacities(
+    cells: Iterable[CellRecord], bounds: Sequence[Bound]
+) -> dict[str, RateCapacity]:
+    """Per context with rate cells, in the matrix's order: its capacity at ``bounds`` as a
+    rate. A cell not judged (an objective a rate cell has no figure for, no request) stops
+    it with its reason, as a miss does: nothing above it is shown to meet them."""
+    rated = [c for c in cells if c.id.phase is Phase.RATE]
+    out: dict[str, RateCapacity] = {}
+    for context in order_contexts(rated):
+        row = sorted((c for c in rated if c.context == context), key=lambda c: c.id.rate or 0)
+        best: float | None = None
+        stop: str | None = None
+        for c in row:
+            if c.status is Status.NOT_RUN:
+                continue  # not selected: neither meets nor stops
+            got = judge(c, bounds)
+            if got.verdict is Meets.YES:
+                best = c.id.rate
+                continue
+            stop = f"{c.id.rate or 0:g}/s {got.words()}"
+            break
+        out[context] = RateCapacity(context, best, stop)
     return out

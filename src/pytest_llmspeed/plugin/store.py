@@ -94,6 +94,7 @@ class CellStore:
                 s.launch_command or (s.serve_plan.shown if s.serve_plan else None)
             ),
             capacity=self.capacity(),
+            rate_capacity=self.rate_capacity(),
         )
 
     def capacity(self) -> dict[str, dict[str, Any]]:
@@ -103,6 +104,16 @@ class CellStore:
         from ..gate.slo import capacities
 
         found = capacities(self.cells.values(), self.settings.slo)
+        return {k: c.to_dict() for k, c in found.items()}
+
+    def rate_capacity(self) -> dict[str, dict[str, Any]]:
+        """With --llm-slo: each context's capacity as an arrival rate over its rate cells so
+        far (none without rate cells)."""
+        if not self.settings.slo:
+            return {}
+        from ..gate.slo import rate_capacities
+
+        found = rate_capacities(self.cells.values(), self.settings.slo)
         return {k: c.to_dict() for k, c in found.items()}
 
     def results(self) -> Results:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..gate.slo import Capacity
+from ..gate.slo import Capacity, RateCapacity
 from ..results import CellRecord, Phase, order_contexts
 from .terminal import fmt_rate
 
@@ -77,3 +77,18 @@ def markdown(
         if context in capacity:
             out.append(f"- {capacity_line(context, capacity[context])}")
     return [*out, ""]
+
+
+def rate_lines(objectives: str | None, rate_capacity: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The terminal's rate capacity: a heading naming the objectives, then per context the
+    highest arrival rate up to which every rate cell meets them (``RateCapacity.line``)."""
+    if not objectives or not rate_capacity:
+        return []
+    return [
+        f"Capacity as an arrival rate at {objectives} (the highest rate, open loop, up to which "
+        "every rate cell meets them; latencies from the scheduled send)",
+        *(
+            "  " + RateCapacity(context, e.get("rate"), e.get("stopped_by")).line()
+            for context, e in rate_capacity.items()
+        ),
+    ]

@@ -204,10 +204,12 @@ def render(
     objectives: str | None = None,
     capacity: Mapping[str, Mapping[str, Any]] | None = None,
     baseline_capacity: Mapping[str, int] | None = None,
+    rate_capacity: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[str]:
     """All lines of the summary section (with --llm-slo's ``objectives``, each context's
-    ``capacity`` at them: report/slo.py)."""
+    ``capacity`` at them, and with rate cells its ``rate_capacity``: report/slo.py)."""
     from .slo import lines as slo_lines
+    from .slo import rate_lines
 
     prefill = [c for c in cells if c.phase is Phase.PREFILL]
     decode = [c for c in cells if c.phase is Phase.DECODE]
@@ -237,6 +239,9 @@ def render(
             open_table(open_cells),
             "",
         ]
+        rated = rate_lines(objectives, rate_capacity or {})
+        if rated:
+            lines += [*rated, ""]
     if verbose and cells:
         lines += ["", "All measurements", details_table(cells)]
         header, rows = further_figures(cells)
