@@ -228,6 +228,65 @@ class CellRunner:
 
         return self._open(cid, measure, prefix.tokens)
 
+    def conversation(self, context: int | str, users: int) -> CellRecord:
+        """Run the conversation cell ``conversation[C-uU-tT]`` (T = --llm-turns): ``users``
+        conversations in step (docs/workloads.md, "Conversations"); fail on errors or on a
+        confirmed miss of the baseline."""
+        from ..core.errors import LLMSpeedError
+        from ..core.records import conversation_record, unmeasured_record
+        from ..core.status import cell_status
+        from ..results import CellId, Status
+        from .messages import cell_words
+
+        s = self.run.settings
+        if s.turns is None:
+            pytest.skip("pytest-llmspeed: no --llm-turns given")
+        cid = CellId.conversation(context, users, s.turns)
+        if self.run.progress is not None:
+            self.run.progress.announce(cid)
+        skip = self.run.server.skip(cid)
+        if skip:
+            _skip(self.run, cid, skip.status, skip.reason)
+        bench = self.run.server.bench
+        assert bench is not None
+        tokens = bench.resolve(context)
+        assert tokens is not None  # else skipped above
+
+        def measure() -> CellRecord:
+            now = self.run.server.bench  # of now (a fresh start makes a new one)
+            assert now is not None
+            outcome = self._guarded(
+                cid,
+                lambda: now.converse(
+                    tokens, users, s.turns or 1, s.turn_tokens, s.turn_output, s.think_time
+                ),
+            )
+            if isinstance(outcome, LLMSpeedError):
+                found = cell_status(outcome)
+                words = self.run.redact(cell_words(found))
+                rec = unmeasured_record(cid, found.status, words, tokens)
+                self.run.store.record(rec)
+                self._attach(rec)
+                pytest.fail(
+                    words if found.status is Status.ERROR else f"{cid}: {words}", pytrace=False
+                )
+            rec = conversation_record(cid, outcome, now.config.max_error_rate, tokens)
+            return rec.with_status(rec.status, self.run.redact(rec.reason) if rec.reason else None)
+
+        record = measure()
+        if record.status is not Status.VALID:
+            self.run.store.record(record)
+            self._attach(record)
+            pytest.fail(f"{cid}: {record.reason}", pytrace=False)
+
+        def again() -> CellRecord:
+            rec = measure()
+            if rec.status is not Status.VALID:
+                pytest.fail(f"{cid} (re-measured): {rec.reason}", pytrace=False)
+            return rec
+
+        return self._finish(record, again)
+
     def trace(self, trace: Trace) -> CellRecord:
         """Replay ``trace`` (--llm-trace) at its times (--llm-trace-speed): the cell
         ``trace[NAME]``; fail on errors or on a confirmed miss of the baseline."""
@@ -426,6 +485,16 @@ def llm_rate(request: pytest.FixtureRequest) -> float:
     """Requests per second of an open-loop rate cell (parametrized by the plugin from
     --llm-rates)."""
     return float(getattr(request, "param", 1.0))
+
+
+@pytest.fixture
+def llm_conversation(request: pytest.FixtureRequest) -> tuple[int | str, int]:
+    """The context and the users of a conversation cell (parametrized by the plugin from
+    --llm-contexts and --llm-concurrency when --llm-turns is given)."""
+    param = getattr(request, "param", None)
+    if param is None:
+        pytest.skip("pytest-llmspeed: a conversation cell is parametrized by --llm-turns")
+    return param
 
 
 @pytest.fixture

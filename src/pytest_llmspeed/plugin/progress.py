@@ -163,6 +163,8 @@ class Progress:
             what = f"open loop, sending for {self.window_s:g} s"
         elif cid.phase is Phase.TRACE:
             what = "trace replayed at its times"
+        elif cid.phase is Phase.CONVERSATION:
+            what = f"{cid.concurrency} users in step through {cid.turns} turns"
         else:
             what = "measured when its prefix was warmed" if measured else "cold prefill"
         elapsed = clock(time.monotonic() - self.started)
@@ -215,6 +217,16 @@ class Progress:
                 f"{head}{status}: {record.open_completed}/{record.open_requests} requests · "
                 + (f"TTFT {sched:,.0f} ms from the schedule · " if sched is not None else "")
                 + f"{record.achieved_rate or 0:,.2f} req/s done ({took:.0f} s)"
+            )
+        if record.phase is Phase.CONVERSATION:
+            later, hit = record.conv_ttft_ms, record.conv_hit_rate
+            share = record.conv_expected_hit_share
+            return (
+                f"{head}{status}: {record.conv_turns} turns"
+                + (f" · TTFT {later:,.0f} ms after the first" if later is not None else "")
+                + (f" · prefix cache {hit:.0%}" if hit is not None else "")
+                + (f" (should hit {share:.0%})" if share is not None else "")
+                + f" ({took:.0f} s)"
             )
         if record.phase is Phase.PREFILL:
             return (

@@ -34,9 +34,10 @@ FIXTURES = frozenset(
         "llm_concurrency",
         "llm_rate",
         "llm_trace",
+        "llm_conversation",
     }
 )
-_SUITE_MARKERS = re.compile(r"\b(decode|prefill|llmspeed|rate|trace)\b")
+_SUITE_MARKERS = re.compile(r"\b(decode|prefill|llmspeed|rate|trace|conversation)\b")
 #: at most this many cells are named one by one in the header when they are not a grid
 NAMED_CELLS = 4
 
@@ -56,6 +57,7 @@ def is_open(item: pytest.Item) -> bool:
         "llm_cell" in names
         and "llm_concurrency" not in names
         and "llm_rate" not in names  # a rate cell: named at collection (rate[8K-r2])
+        and "llm_conversation" not in names  # so is a conversation cell
         and item.get_closest_marker("prefill") is None
     )
 
@@ -79,7 +81,8 @@ def selected_words(cells: list[CellId], open_contexts: list[int | str]) -> str:
 
     parts = []
     rated = [c for c in cells if c.phase is Phase.RATE]
-    cells = [c for c in cells if not c.phase.open_loop]
+    talks = [c for c in cells if c.phase is Phase.CONVERSATION]
+    cells = [c for c in cells if not c.phase.open_loop and c.phase is not Phase.CONVERSATION]
     decode = [c for c in cells if c.phase is Phase.DECODE]
     contexts = _listed(c.context for c in cells)
     concurrency = ",".join(map(str, sorted({c.concurrency for c in decode if c.concurrency})))
@@ -100,6 +103,12 @@ def selected_words(cells: list[CellId], open_contexts: list[int | str]) -> str:
     if rated:  # open-loop rate cells (docs/workloads.md)
         rates = ",".join(rate_label(r) for r in sorted({c.rate for c in rated if c.rate}))
         parts.append(f"rate cells at {_listed(c.context for c in rated)} · rates {rates}/s")
+    if talks:  # conversation cells (docs/workloads.md)
+        users = ",".join(map(str, sorted({c.concurrency for c in talks if c.concurrency})))
+        turns = ",".join(map(str, sorted({c.turns for c in talks if c.turns})))
+        parts.append(
+            f"conversations at {_listed(c.context for c in talks)} · users {users} · turns {turns}"
+        )
     if open_contexts:
         at = _listed(open_contexts)
         parts.append(

@@ -373,6 +373,8 @@ class ServerUnderTest:
             )
         if cid.concurrency is None:
             return exceeds_max_model_len(tokens, 1, limits)
+        if cid.turns is not None:  # a conversation: its first turn must fit (later ones end)
+            return exceeds_max_model_len(tokens, self.settings.turn_output, limits)
         return decode_skip(tokens, cid.concurrency, self.settings.max_output, limits)
 
     # -- cells -----------------------------------------------------------------------------

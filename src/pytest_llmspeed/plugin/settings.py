@@ -163,6 +163,19 @@ OPTIONS: tuple[Option, ...] = (
         default="1",
     ),
     Option(
+        "turns",
+        "conversations of this many turns: a cell per context and concurrency "
+        "(conversation[8K-u4-t3], marker conversation), as many users as the concurrency, in "
+        "step, each turn's prompt every earlier turn (prompts and answers) and a new message; "
+        "per turn the server's prefix-cache hit rate beside the share it should hit "
+        "(docs/workloads.md)",
+    ),
+    Option(
+        "turn-tokens", "tokens of the new user message of each turn after the first", default="256"
+    ),
+    Option("turn-output", "max_tokens of each answer of a conversation", default="256"),
+    Option("think-time", "seconds between a conversation's turns", default="1"),
+    Option(
         "client-processes",
         "client processes that read a decode cell's streams, each with its own event loop: a "
         "number, or auto (one, and one more for the next cells whenever a cell's client used "
@@ -348,6 +361,12 @@ class Settings:
     rate_seed: int = 0
     trace: Any = None
     trace_speed: float = 1.0
+    #: conversation cells (docs/workloads.md, "Conversations"): turns (None: no cell), the new
+    #: message's tokens, the answers' max_tokens, the seconds between turns
+    turns: int | None = None
+    turn_tokens: int = 256
+    turn_output: int = 256
+    think_time: float = 1.0
     client_processes: int | str = 1  # or "auto"
     slo: tuple[Any, ...] = ()  # gate.slo.Bound: --llm-slo's objectives
     kv_capacity: int | None = None
@@ -409,6 +428,10 @@ class Settings:
             "rate_seed": self.rate_seed if self.rates else None,
             "trace": self.trace.source if self.trace is not None else None,
             "trace_speed": self.trace_speed if self.trace is not None else None,
+            "turns": self.turns,
+            "turn_tokens": self.turn_tokens if self.turns else None,
+            "turn_output": self.turn_output if self.turns else None,
+            "think_time_s": self.think_time if self.turns else None,
             "client_processes": self.client_processes,
             "slo": slo_text(self.slo) if self.slo else None,
             "kv_capacity_option": self.kv_capacity,
@@ -821,6 +844,10 @@ def unwritable(path: str) -> str | None:
     return None
 
 
+#: the most turns a conversation cell may have (each turn is a request per user)
+MAX_TURNS = 1000
+
+
 def _convert(key: str, value: str) -> Any:
     from ..core.matrix import parse_concurrency, parse_contexts
     from ..core.text import register, secret
@@ -869,7 +896,16 @@ def _convert(key: str, value: str) -> Any:
         if not value.strip().isdigit() or int(value) < 1:
             raise ValueError("must be a whole number of requests ≥ 1")
         return int(value)
-    if key in ("max_output", "kv_capacity", "max_model_len"):
+    if key == "turns":
+        if not value.strip().isdigit() or not 1 <= int(value) <= MAX_TURNS:
+            raise ValueError(f"must be a whole number of turns from 1 to {MAX_TURNS}")
+        return int(value)
+    if key == "think_time":
+        number = _float(value, "must be a number of seconds ≥ 0")
+        if not (math.isfinite(number) and 0 <= number <= 3600):
+            raise ValueError("must be a number of seconds from 0 to 3600")
+        return number
+    if key in ("max_output", "kv_capacity", "max_model_len", "turn_tokens", "turn_output"):
         if not value.strip().isdigit() or int(value) < 1:
             raise ValueError("must be a whole number of tokens ≥ 1")
         return int(value)

@@ -27,6 +27,15 @@ def test_rate(llm_prefix, llm_rate, llm_cell):
     assert record.open_requests, "the schedule sent no request"
 
 
+@pytest.mark.conversation
+def test_conversation(llm_conversation, llm_cell):
+    """Conversations at one context: as many users as the concurrency, in step through
+    --llm-turns turns, each prompt the whole history; per turn the server's prefix-cache hit
+    rate beside the share it should hit (docs/workloads.md)."""
+    record = llm_cell.conversation(*llm_conversation)
+    assert record.conv_turns, "no turn ran"
+
+
 @pytest.mark.trace
 def test_trace(llm_trace, llm_cell):
     """Open loop: --llm-trace's requests replayed at its times, its prefix blocks shared."""
