@@ -28,6 +28,8 @@ MARKERS = (
     "decode: a sustained-decode cell (N requests in flight for a fixed window)",
     "rate: an open-loop cell: requests arriving at a rate, whatever the server does",
     "trace: an open-loop cell: a trace of requests replayed at its times",
+    "conversation: a conversation cell: users in step through --llm-turns turns, each prompt "
+    "the whole history",
 )
 
 
@@ -278,6 +280,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if run is not None and "llm_trace" in names and run.settings.trace is not None:
         trace = run.settings.trace  # the trace cell: trace[NAME] (docs/workloads.md)
         metafunc.parametrize("llm_trace", [trace], indirect=True, ids=[trace.name])
+    if run is not None and "llm_conversation" in names and run.settings.turns is not None:
+        from ..results import CellId as Cid  # a conversation cell per context and concurrency
+
+        conf, turns = run.settings, run.settings.turns
+        talks = [(c, n) for c in conf.contexts for n in conf.concurrency]
+        metafunc.parametrize(
+            "llm_conversation",
+            talks,
+            indirect=True,
+            ids=[Cid.conversation(c, n, turns).param_id for c, n in talks],
+        )
     if run is None or "llm_prefix" not in names:
         return
     if any(
@@ -356,12 +369,21 @@ def pytest_collection_modifyitems(
         wanted = {
             "test_rate": bool(run.settings.rates),
             "test_trace": run.settings.trace is not None,
+            "test_conversation": run.settings.turns is not None,
         }
         items.extend(
             i for i in session.genitems(module) if wanted.get(getattr(i, "originalname", ""), True)
         )
     for item in items:
         callspec = getattr(item, "callspec", None)
+        turns = run.settings.turns
+        if callspec is not None and "llm_conversation" in callspec.params and turns:
+            from ..core.matrix import normalize_context
+            from ..results import CellId
+
+            talk, users = callspec.params["llm_conversation"]
+            item.stash[CELL_KEY] = CellId.conversation(normalize_context(talk), int(users), turns)
+            continue
         if callspec is None or "llm_prefix" not in callspec.params:
             continue
         from ..core.matrix import MatrixError, normalize_context
