@@ -183,13 +183,13 @@ SUITE: dict[str, Entry] = {
 
 def _git(*args: str) -> str:
     out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
-    return out.stdout.strip()
+    return out.stdout.rstrip("\n")
 
 
 def commit() -> dict[str, Any]:
     """The commit measured, and the files that differed from it (the tree's changes)."""
     changed = [line[3:] for line in _git("status", "--porcelain").splitlines() if line]
-    sha = _git("rev-parse", "HEAD")
+    sha = _git("rev-parse", "HEAD").strip()
     return {"sha": sha, "short": sha[:7], "dirty": bool(changed), "changed": changed}
 
 
@@ -237,6 +237,7 @@ def record(name: str, measure: Measure, argv: Sequence[str], command: str) -> di
     """Run one benchmark, write its JSON (and its page when it made one); the JSON's
     content."""
     started = dt.datetime.now(dt.UTC)
+    measured = commit()  # before it runs: another's commit meanwhile is not what it measured
     before, busy_before = load(), round(other_cores(1.0), 2)
     t0 = time.perf_counter()
     others = OtherCores()
@@ -260,7 +261,7 @@ def record(name: str, measure: Measure, argv: Sequence[str], command: str) -> di
         "argv": list(argv),
         "started": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "seconds": round(seconds, 1),
-        "commit": commit(),
+        "commit": measured,
         "machine": machine(),
         "load": {
             "before": before,

@@ -48,10 +48,21 @@ class Quote:
         return f"{self.path.name}:{self.line}: {self.bench}.{self.figure}"
 
 
+FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+
+
+def _fenced(text: str) -> list[tuple[int, int]]:
+    """The spans of fenced code blocks: a marker shown there is an example, not a quote."""
+    return [(m.start(), m.end()) for m in FENCE.finditer(text)]
+
+
 def quotes(text: str, path: Path) -> list[Quote]:
-    """The marked figures of one document."""
+    """The marked figures of one document (outside its code blocks)."""
     out = []
+    fences = _fenced(text)
     for m in MARK.finditer(text):
+        if any(a <= m.start() < b for a, b in fences):
+            continue
         line = text.count("\n", 0, m.start()) + 1
         out.append(Quote(path, line, m["bench"], m["figure"], m["text"]))
     return out
@@ -99,7 +110,11 @@ def check(paths: list[Path] | None = None, results: Path = RESULTS) -> list[str]
 def rewrite(text: str, results: Path = RESULTS) -> str:
     """A document with every marked figure set from its JSON file (unknown ones left)."""
 
+    fences = _fenced(text)
+
     def one(m: re.Match[str]) -> str:
+        if any(a <= m.start() < b for a, b in fences):
+            return m.group(0)
         try:
             want = expected(m["bench"], m["figure"], results)
         except KeyError:
