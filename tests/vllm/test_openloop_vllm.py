@@ -1,0 +1,53 @@
+"""Open-loop rate cells on real vLLM (CPU build), issue 33's "an arrival-rate cell's queueing
+agrees with vLLM's queue-time histogram": a server the plugin launches with ``--max-num-seqs 1``
+(one request runs, the rest wait) is sent 1 and 20 requests a second. At 20 a second it cannot
+keep up, and the requests' TTFT counted from their scheduled send is mostly time spent queued,
+which vLLM's own ``vllm:request_queue_time_seconds`` histogram records for every request that
+finished in the cell.
+
+Measured here (the machine shared with other work): rate[1K-r20] 74 requests, the mean TTFT from
+the schedule 1,169.6 ms, vLLM's mean queue time 1,123.2 ms and prefill time 26.2 ms (their sum
+1,149.4 ms: the other 20 ms are the client's and the API server's); rate[1K-r1] 6 requests, 119.2
+ms against 64.7 + 35.8 ms."""
+
+import json
+import statistics
+
+import pytest
+
+from engines.home import Layout, vllm_home
+from engines.servers import NOT_SET_UP
+from tests.vllm.test_explain_vllm import one_at_a_time
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+VLLM = Layout(vllm_home())
+
+
+def test_a_rate_cells_queueing_agrees_with_vllms_queue_time_histogram(pytester):
+    if not VLLM.installed():
+        pytest.fail(NOT_SET_UP)
+    result = pytester.runpytest(
+        f"--llm-serve={one_at_a_time()}", "--llm-serve-timeout=300", "--llm-contexts=1K",
+        "--llm-rates=1,20", "--llm-duration=4", "--llm-max-output=16", "-m", "rate",
+        "-p", "no:benchmark", "-p", "no:randomly", "--llm-results=out.json",
+    )  # fmt: skip
+    assert result.ret == 0, result.stdout.str()
+    doc = json.loads((pytester.path / "out.json").read_text())
+    cells = {c["id"]: c for c in doc["cells"] if c["phase"] == "rate"}
+    low, high = cells["rate[1K-r1]"], cells["rate[1K-r20]"]
+    for cell in (low, high):
+        server = cell["server"]
+        # the histogram counted every request of the cell (each finished inside it)
+        assert server["requests"] == cell["open_completed"] == cell["open_requests"], server
+    server = high["server"]
+    client = statistics.fmean(high["samples"]["ttft_ms"])  # from the scheduled send
+    engine = (server["queue_time_mean_s"] + server["prefill_time_mean_s"]) * 1000
+    # the server's record is part of what the client saw, and most of it when requests queue
+    assert engine <= client * 1.05 + 5, (engine, client)
+    assert engine >= client * 0.7, (engine, client)
+    assert high["server_queue_ms"] == pytest.approx(server["queue_time_mean_s"] * 1000, abs=0.01)
+    # one request at a time, twenty a second: the queue grows over the cell
+    queued = (low["server_queue_ms"], high["server_queue_ms"])
+    assert queued[1] > max(300.0, 3 * queued[0]), queued
+    assert high["achieved_rate"] < high["offered_rate"]
