@@ -18,6 +18,7 @@ from pytest_llmspeed.gate.slo import (
     judge,
     parse,
     quantile_interval,
+    rate_capacities,
     request_bounds,
     same,
     text,
@@ -187,6 +188,42 @@ def test_the_capacity_is_the_most_requests_up_to_which_every_cell_meets():
     assert list(got) == ["8K", "32K", "128K"]
     every = capacities(row(100, 200), bounds)
     assert every["8K"].requests == 2 and every["8K"].stopped_by is None
+
+
+def rate_cell(rate, ttft, p90=None, ttfts=(), context=8192) -> CellRecord:
+    """A rate cell with its TTFT from the schedule (median, p90) and their samples."""
+    return CellRecord(
+        CellId.at_rate(context, rate), Status.VALID, context_tokens=context,
+        sched_ttft_ms=ttft, sched_ttft_p90_ms=p90 if p90 is not None else ttft * 1.5,
+        open_tbt_ms=8.0, samples=Samples(ttft_ms=tuple(ttfts)),
+    )  # fmt: skip
+
+
+def test_the_capacity_as_a_rate_is_the_highest_rate_up_to_which_every_rate_cell_meets():
+    """Rate cells are judged on their latencies from the scheduled send (the decode cells'
+    ``ttft`` is a rate cell's ``sched_ttft_ms``, its p90 the same samples' quantile); the
+    rule is the decode capacity's: every cell up to it meets. Out of order on purpose."""
+    got = rate_capacities(
+        [rate_cell(16, 4300), rate_cell(1, 100), rate_cell(4, 900), rate_cell(32, 500)],
+        parse("ttft<=2s"),
+    )
+    assert got["8K"].line() == "8K: 4 requests/s (16/s misses ttft: 4.3 s > 2 s)"
+    assert got["8K"].to_dict() == {"rate": 4.0, "stopped_by": "16/s misses ttft: 4.3 s > 2 s"}
+    one = rate_capacities([rate_cell(1, 100), rate_cell(2, 2500)], parse("ttft<=2s"))
+    assert one["8K"].line() == "8K: 1 request/s (2/s misses ttft: 2.5 s > 2 s)"
+    none = rate_capacities([rate_cell(0.5, 2500)], parse("ttft<=2s"))
+    assert none["8K"].rate is None and none["8K"].line().startswith("8K: none (0.5/s misses")
+    # a p90 from the cell's own samples: 20 of 0.1 s and 20 of 3 s put it past the bound
+    mixed = rate_cell(1, 100, p90=3000, ttfts=(100.0,) * 20 + (3000.0,) * 20)
+    assert judge(mixed, parse("ttft_p90<=2s")).verdict is Meets.NO
+    # an objective a rate cell has no figure for: not judged, said, and it stops the capacity
+    (no_tbt,) = rate_capacities([rate_cell(1, 100)], parse("tbt_p90<=50ms")).values()
+    assert no_tbt.rate is None and no_tbt.stopped_by == (
+        "1/s not judged: a rate cell has no tbt_p90"
+    )
+    # decode capacities leave rate cells out, and the other way round
+    assert capacities([rate_cell(1, 100)], parse("ttft<=2s")) == {}
+    assert rate_capacities(row(100, 200), parse("ttft<=2s")) == {}
 
 
 def test_a_cell_at_or_below_the_baselines_capacity_that_misses_is_a_drop():
