@@ -72,7 +72,14 @@ def test_conversation_cells_run_per_context_and_users_and_report_each_turn(pytes
     assert props["phase"] == "conversation"
     assert float(props["conv_ttft_ms"]) == cells["conversation[1K-u3-t3]"]["conv_ttft_ms"]
     assert float(props["conv_hit_rate"]) == cells["conversation[1K-u3-t3]"]["conv_hit_rate"]
-    result.stdout.fnmatch_lines(["*Conversation*1K*3*valid*"])
+    result.stdout.fnmatch_lines(
+        [
+            "Conversations (users in step; per turn the medians over its users*",
+            "conversation[[]1K-u1-t3[]] * 1 * 1 * 1,024 * ms * 0.0% * 0.0% / 0.0%",
+            "* 2 * 1 * 1,104 * ms *%*% / *%",
+            "*Conversation*1K*3*valid*",
+        ]
+    )
 
 
 def test_without_turns_there_is_no_conversation_cell_and_a_bad_value_is_one_line(pytester):

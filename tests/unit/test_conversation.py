@@ -251,7 +251,12 @@ def test_a_conversation_cell_shows_in_all_measurements_the_page_and_compare():
 
     record = conversation_record(CellId.conversation(8192, 1, 3), _result(), context_tokens=8192)
     text = "\n".join(render([record], 160, True, []))
-    row = next(line for line in text.splitlines() if line.startswith("Conversation"))
+    # the per-turn table: one row per turn, the hit rate beside the share it should hit
+    assert "Conversations (users in step; per turn the medians over its users" in text
+    turns = [line.split() for line in text.splitlines() if "ms" in line and "%" in line]
+    assert [t[0] for t in turns[:3]] == ["conversation[8K-u1-t3]", "2", "3"]
+    assert turns[1][-4:] == ["96.0%", "43.6%", "/", "—"]  # answers carried as text: no share
+    row = next(line for line in text.splitlines() if line.startswith("Conversation "))
     assert "50 ms" in row  # the TTFT of turns 2 and 3
     assert "server's prefix-cache hit rate after the first turn" in text  # More figures
     assert "72.0%" in text and "53.3%" in text  # the hit rate beside the share it should hit

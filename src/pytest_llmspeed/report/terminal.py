@@ -117,6 +117,52 @@ def open_table(cells: list[CellRecord]) -> str:
     )  # fmt: skip
 
 
+def conversation_table(cells: list[CellRecord]) -> str:
+    """The conversation cells (docs/workloads.md, "Conversations"), one row per turn: its
+    users, prompt tokens, TTFT, the prefill of its new part, output tok/s, and the server's
+    prefix-cache hit rate beside the share the history should hit (prompts cached; answers
+    cached too, where the answers' own ids were carried)."""
+
+    def pct(x: float | None) -> str:
+        return "—" if x is None else f"{x:.1%}"
+
+    def at(values: tuple[Any, ...] | None, k: int) -> Any:
+        return values[k] if values is not None and k < len(values) else None
+
+    rows = []
+    for c in cells:
+        if not c.measured or not c.turn_users:
+            rows.append([str(c.id), c.status.label, *[""] * 7])
+            continue
+        mark = " ✗" if c.status is Status.FAILED else ""
+        for k, users in enumerate(c.turn_users):
+            tokens = at(c.turn_prompt_tokens, k)
+            rows.append(
+                [
+                    str(c.id) + mark if k == 0 else "",
+                    str(k + 1),
+                    str(users),
+                    "—" if tokens is None else f"{tokens:,}",
+                    fmt_ms(at(c.turn_ttft_ms, k)),
+                    fmt_rate(at(c.turn_new_prefill_tok_s, k)),
+                    fmt_rate(at(c.turn_output_tok_s, k)),
+                    pct(at(c.turn_hit_rate, k)),
+                    f"{pct(at(c.turn_expected_hit_share, k))} / "
+                    f"{pct(at(c.turn_expected_hit_share_answers, k))}",
+                ]
+            )
+    return tabulate(
+        rows,
+        headers=[
+            "Cell", "turn", "users", "prompt tokens", "TTFT", "new part tok/s", "output tok/s",
+            "hit rate", "should hit (prompts / answers too)",
+        ],
+        tablefmt="simple",
+        disable_numparse=True,
+        colalign=("left",) + ("right",) * 8,
+    )  # fmt: skip
+
+
 def decode_matrix(cells: list[CellRecord], width: int) -> list[str]:
     """Rows context, columns concurrency. Wide: ``tok/s · TTFT``; compact: two matrices."""
     conc = sorted({c.concurrency for c in cells})
@@ -242,6 +288,14 @@ def render(
         rated = rate_lines(objectives, rate_capacity or {})
         if rated:
             lines += [*rated, ""]
+    talks = [c for c in cells if c.phase is Phase.CONVERSATION]
+    if talks:
+        lines += [
+            "Conversations (users in step; per turn the medians over its users, and the "
+            "server's prefix cache over the turn)",
+            conversation_table(talks),
+            "",
+        ]
     if verbose and cells:
         lines += ["", "All measurements", details_table(cells)]
         header, rows = further_figures(cells)
