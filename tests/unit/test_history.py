@@ -221,6 +221,30 @@ def test_a_segment_names_the_engine_version_and_meta_keys_that_changed_at_its_st
     assert line.endswith("engine_version 0.26.1 → 0.27.0; commit a1 → b2")
 
 
+def test_a_change_found_one_run_off_the_upgrade_still_names_it(template, tmp_path):
+    """The step at run 12 (index 11), the upgrade recorded from run 13: nothing changed at the
+    segment's start, and the line names the upgrade one run later (the noise can put a change
+    point one run off the run that caused it)."""
+
+    def upgrade(i: int, doc: dict[str, Any]) -> None:
+        doc["run"]["engine_version"] = "0.27.0" if i >= 12 else "0.26.1"
+
+    derive_(template, tmp_path, 20, noisy(11, step_at=11, step=0.9), edit=upgrade)
+    history = build([tmp_path])
+    f = next(f for f in figures_of(history) if f.cell == "decode[1K-c1]")
+    assert f.segments[1].first == 11 and f.segments[1].changed == ()
+    assert f.segments[1].changed_near == ((12, "engine_version", "0.26.1", "0.27.0"),)
+    line = next(ln for ln in lines(history) if "decode[1K-c1] total tok/s" in ln)
+    assert line.endswith("engine_version 0.26.1 → 0.27.0 one run later (at run 13)"), line
+    doc = document(history)
+    seg = next(x for x in doc["series"][0]["figures"] if x["cell"] == "decode[1K-c1]")["segments"][
+        1
+    ]
+    assert seg["changed_near"] == [
+        {"run": 12, "key": "engine_version", "before": "0.26.1", "after": "0.27.0"}
+    ]
+
+
 def test_exit_status_and_outputs_of_the_command(template, tmp_path):
     folder = tmp_path / "runs"
     derive_(template, folder, 20, noisy(12, step_at=11, step=0.9))

@@ -209,6 +209,10 @@ class Segment:
     engine_version: str | None
     #: (key, before, after): the engine, its version, each --llm-meta key that differs
     changed: tuple[tuple[str, str | None, str | None], ...] = ()
+    #: when nothing changed at its start: what changed one measured run before or after it
+    #: (a change point found one run early or late, the noise's doing), with the index of
+    #: the run it changed at
+    changed_near: tuple[tuple[int, str, str | None, str | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -400,6 +404,16 @@ def _figure(
     for level in found_levels.segments:
         first, last = measured[level.start], measured[level.end - 1]
         before = runs[measured[level.start - 1]] if level.start > 0 else None
+        near: list[tuple[int, str, str | None, str | None]] = []
+        if before is not None and not _changed(before, runs[first]):
+            if level.start + 1 < len(measured):  # one run later
+                later = measured[level.start + 1]
+                near += [(later, *c) for c in _changed(runs[first], runs[later])]
+            if level.start >= 2:  # one run earlier
+                earlier = measured[level.start - 1]
+                near += [
+                    (earlier, *c) for c in _changed(runs[measured[level.start - 2]], runs[earlier])
+                ]
         segments.append(
             Segment(
                 first,
@@ -410,6 +424,7 @@ def _figure(
                 level.high,
                 runs[first].engine_version,
                 _changed(before, runs[first]) if before is not None else (),
+                tuple(near),
             )
         )
     return dataclasses.replace(

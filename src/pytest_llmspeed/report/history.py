@@ -78,6 +78,9 @@ def change_line(series: Series, f: FigureHistory) -> str:
         )
     if new.changed:
         line += f"; {_changed_words(new.changed)}"
+    for at, key, a, b in new.changed_near:
+        side = "later" if at > new.first else "earlier"
+        line += f"; {key} {a or '—'} → {b or '—'} one run {side} (at run {at + 1:,})"
     return line
 
 
@@ -185,6 +188,10 @@ def document(history: History) -> dict[str, Any]:
                             "interval": [round(s.low, 4), round(s.high, 4)],
                             "engine_version": s.engine_version,
                             "changed": {k: [a, b] for k, a, b in s.changed},
+                            "changed_near": [
+                                {"run": at, "key": k, "before": a, "after": b}
+                                for at, k, a, b in s.changed_near
+                            ],
                         }
                         for s in f.segments
                     ],
