@@ -37,6 +37,7 @@ def test_conversation_cells_run_per_context_and_users_and_report_each_turn(pytes
         "--llm-think-time=0",
         "--llm-results=out.json",
         "--junitxml=out.xml",
+        "--llm-save-baseline=base.toml",
         "-m",
         "conversation",
         "-v",
@@ -72,6 +73,13 @@ def test_conversation_cells_run_per_context_and_users_and_report_each_turn(pytes
     assert props["phase"] == "conversation"
     assert float(props["conv_ttft_ms"]) == cells["conversation[1K-u3-t3]"]["conv_ttft_ms"]
     assert float(props["conv_hit_rate"]) == cells["conversation[1K-u3-t3]"]["conv_hit_rate"]
+    # a saved baseline holds each cell's TTFT after the first turn, gated as written (a kind
+    # of cell with no floor has its headline ceiling gated)
+    baseline = (pytester.path / "base.toml").read_text()
+    for users in (1, 3):
+        cell = cells[f"conversation[1K-u{users}-t3]"]
+        assert f'[cells."conversation[1K-u{users}-t3]"]\nconv_ttft_ms = ' in baseline
+        assert cell["conv_ttft_ms"] > 0
     result.stdout.fnmatch_lines(
         [
             "Conversations (users in step; per turn the medians over its users*",
