@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_engines_and_benchmarks_import_neither_pytest_nor_tests():
     """``benchmarks.common`` also runs in vLLM's own environment, which has no pytest
-    (``benchmarks/client_overhead.py``); the tooling never reaches into ``tests/``."""
+    (``benchmarks/studies/client_overhead.py``); the tooling never reaches into ``tests/``."""
     code = (
         "import sys\n"
         "import benchmarks.common, engines.servers, engines.home\n"

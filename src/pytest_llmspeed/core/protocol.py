@@ -641,7 +641,7 @@ class _LiveEvents:
         entries since the last call are joined. The early end asks every half second on the
         event loop, which must not stall while streams are read: with 300,000 reads in a
         window its worst call took 63.8 ms when every read was converted on every call, 9.0 ms
-        when only the new ones were (``benchmarks/early_end_cost.py``)."""
+        when only the new ones were (``benchmarks/studies/early_end_cost.py``)."""
         if self._pieces:
             t, c, s = self._arrays
             pieces, self._pieces = self._pieces, []

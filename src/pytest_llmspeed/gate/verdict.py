@@ -10,7 +10,7 @@ measured again, up to the number of confirmations the user allows (:func:`wants_
 - attempts on fresh starts (``fresh_starts=True``: the pytest layer restarted the server for
   each): once the first attempt is past its limit (a miss, or within the noise) every
   confirmation is taken, and the figure regresses when the mean of all misses, judged with
-  the fresh-start variance. ``benchmarks/gate_restarts.py`` chose this rule: on the same
+  the fresh-start variance. ``benchmarks/studies/gate_restarts.py`` chose this rule: on the same
   draws (starts 3 % apart, 3 or 5 runs, 4 confirmations) it caught 37 % and 82 % of 10 %
   slowdowns, for 0.16 % and 0.09 % false failures, where stopping at the first attempt that
   passes caught 15 % and 18 %, and confirming only a first attempt that misses 27 % and 45 %.
