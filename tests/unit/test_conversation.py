@@ -262,4 +262,7 @@ def test_a_conversation_cell_shows_in_all_measurements_the_page_and_compare():
     assert "72.0%" in text and "53.3%" in text  # the hit rate beside the share it should hit
     html = render_page(Results(RunInfo("pytest-llmspeed", "2026-12-01", "sim:tiny"), (record,)))
     assert "Conversation" in html.html
+    # the page's per-turn table: the hit rate beside the share it should hit
+    assert '<h3 id="conversations">Conversations, turn by turn</h3>' in html.html
+    assert "<td>96.0%</td><td>43.6% / —</td>" in html.html
     assert headline(record) == ("conv_ttft_ms", 50.0)

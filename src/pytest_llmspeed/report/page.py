@@ -23,7 +23,14 @@ from .compare import Comparison, Verdict, change_matrix, fmt_change
 from .notes import by_kind, row_notes, which
 from .server import not_exposed
 from .server import table as server_table
-from .terminal import fmt_ms, fmt_rate, further_figures, pm
+from .terminal import (
+    CONVERSATION_HEADER,
+    conversation_rows,
+    fmt_ms,
+    fmt_rate,
+    further_figures,
+    pm,
+)
 
 PREFILL_HINT = (
     "prompt tok/s by context length: the first request at each context, on a cold cache "
@@ -505,6 +512,8 @@ def render_page(results: Results, comparison: Comparison | None = None) -> Page:
         details_rows=_details(cells),
         further_header=further_header,
         further_rows=further_rows,
+        conversation_header=CONVERSATION_HEADER,
+        conversation_rows=conversation_rows([c for c in cells if c.phase is Phase.CONVERSATION]),
         server_header=server_header,
         server_rows=server_rows,
         server_missing=not_exposed(cells),

@@ -117,11 +117,18 @@ def open_table(cells: list[CellRecord]) -> str:
     )  # fmt: skip
 
 
-def conversation_table(cells: list[CellRecord]) -> str:
+#: the per-turn table's columns (the terminal's and the page's)
+CONVERSATION_HEADER = [
+    "Cell", "turn", "users", "prompt tokens", "TTFT", "new part tok/s", "output tok/s",
+    "hit rate", "should hit (prompts / answers too)",
+]  # fmt: skip
+
+
+def conversation_rows(cells: list[CellRecord]) -> list[list[str]]:
     """The conversation cells (docs/workloads.md, "Conversations"), one row per turn: its
     users, prompt tokens, TTFT, the prefill of its new part, output tok/s, and the server's
     prefix-cache hit rate beside the share the history should hit (prompts cached; answers
-    cached too, where the answers' own ids were carried)."""
+    cached too, where the answers' own ids were carried); a cell not measured, one row."""
 
     def pct(x: float | None) -> str:
         return "—" if x is None else f"{x:.1%}"
@@ -151,16 +158,18 @@ def conversation_table(cells: list[CellRecord]) -> str:
                     f"{pct(at(c.turn_expected_hit_share_answers, k))}",
                 ]
             )
+    return rows
+
+
+def conversation_table(cells: list[CellRecord]) -> str:
+    """:func:`conversation_rows` as the terminal's table."""
     return tabulate(
-        rows,
-        headers=[
-            "Cell", "turn", "users", "prompt tokens", "TTFT", "new part tok/s", "output tok/s",
-            "hit rate", "should hit (prompts / answers too)",
-        ],
+        conversation_rows(cells),
+        headers=CONVERSATION_HEADER,
         tablefmt="simple",
         disable_numparse=True,
         colalign=("left",) + ("right",) * 8,
-    )  # fmt: skip
+    )
 
 
 def decode_matrix(cells: list[CellRecord], width: int) -> list[str]:
