@@ -60,7 +60,7 @@ async def test_each_turns_hit_rate_is_the_simulators_cache_record_and_the_expect
             await conn.session.delete(conn.url("/sim/trace"))
             result = await run_conversations(
                 conn, factory, dialect, server.model, CONTEXT, 3, 4, MESSAGE, ANSWER, 0.05,
-                max_model_len=server.max_model_len, block_size=block,
+                max_model_len=server.max_model_len, block_size=block, keep_reads=True,
             )  # fmt: skip
             records = await _records(conn)
         finally:
@@ -123,6 +123,8 @@ async def test_a_conversation_that_outgrows_the_context_ends_and_says_so():
     assert f"ended after turn {kept} of 5: turn {kept + 1}'s prompt of" in ended[0]
     assert "> the server's max_model_len 1,300" in ended[0]
     assert all(t.users == 2 and t.hits is None for t in result.turns)
+    # the streams' raw reads are dropped once their answers were read: memory is the prompts'
+    assert all(not s.rec.reads for sent in result.sent for s in sent)
 
 
 @pytest.mark.asyncio
@@ -137,6 +139,7 @@ async def test_with_the_servers_own_ids_each_prompt_is_the_whole_history_token_f
             result = await run_conversations(
                 conn, factory, dialect, server.model, CONTEXT, 2, 3, MESSAGE, ANSWER, 0.0,
                 max_model_len=server.max_model_len, block_size=block, return_token_ids=True,
+                keep_reads=True,
             )  # fmt: skip
             records = await _records(conn)
         finally:

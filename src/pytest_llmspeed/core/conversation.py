@@ -371,6 +371,7 @@ async def run_conversations(
     block_size: int | None = None,
     return_token_ids: bool = False,
     watch_metrics: bool = True,
+    keep_reads: bool = False,
 ) -> ConversationResult:
     """Run ``users`` conversations of ``turns`` turns in step: turn 1 a prompt of ``context``
     token ids of each user's own, each later turn the previous prompt, its answer and a new
@@ -379,7 +380,9 @@ async def run_conversations(
     prefix-cache hits and queries. ``return_token_ids`` asks the server for its answers' ids
     (vLLM's ``return_token_ids``); where a stream did not give them all, the answer's text is
     tokenized by the server. A conversation whose next turn does not fit ``max_model_len``
-    ends, said in the notes; a failed request ends its user's conversation."""
+    ends, said in the notes; a failed request ends its user's conversation. Each stream's raw
+    reads are dropped once its answer is read (``keep_reads``: kept, for tests that compare
+    the wire with a server's record), so memory stays that of the prompts."""
     from .protocol import EDGE_FAMILIES, _read
     from .protocol import _window_figures as window
 
@@ -451,6 +454,9 @@ async def run_conversations(
         result.turns.append(turn_figures(turn, sent, block_size, server))
         result.sent.append(sent)
         if turn == turns:
+            if not keep_reads:
+                for s in sent:
+                    s.rec.reads.clear()
             break
         for s in sent:  # the next turn's prompts
             u = s.user
@@ -477,6 +483,8 @@ async def run_conversations(
                 modes.add(TOKENIZED)
             if answer.id_note and answer.id_note not in result.notes:
                 result.notes.append(answer.id_note)
+            if not keep_reads:
+                s.rec.reads.clear()
             prev[u] = (s.prompt_tokens, len(carried) if own else None)
             prompts[u] = (
                 prompts[u] + carried + user_tokens(factory.salt, pool, u, turn + 1, message_tokens)
