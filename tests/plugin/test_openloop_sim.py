@@ -11,8 +11,8 @@ pytestmark = pytest.mark.slow  # each test here runs cells on the simulator
 TINY = "sim:tiny?speed=4"
 
 
-def _cells(pytester) -> dict[str, dict]:
-    doc = json.loads((pytester.path / "out.json").read_text())
+def _cells(pytester, name: str = "out.json") -> dict[str, dict]:
+    doc = json.loads((pytester.path / name).read_text())
     return {c["id"]: c for c in doc["cells"]}
 
 
@@ -175,7 +175,7 @@ def test_an_open_loop_cell_is_gated_and_compared_by_its_ttft_from_the_schedule(p
     slower.stdout.fnmatch_lines(
         ["*REGRESSION  rate[[]1K-r16[]] TTFT from the scheduled send ms*ceiling*"]
     )
-    cell = _cells_of(pytester, "b.json")["rate[1K-r16]"]
+    cell = _cells(pytester, "b.json")["rate[1K-r16]"]
     assert cell["baseline"] == "regressed", cell.get("baseline_checks")
     (check,) = cell["baseline_checks"]
     assert check["metric"] == "sched_ttft_ms" and check["verdict"] == "regressed"
@@ -190,11 +190,6 @@ def test_an_open_loop_cell_is_gated_and_compared_by_its_ttft_from_the_schedule(p
     low, high = (float(x) for x in re.findall(r"([+−-][\d.]+)%", line.replace("−", "-"))[1:3])
     assert 0 < low < high, line
     assert "not measured in both" not in out.stdout
-
-
-def _cells_of(pytester, name: str) -> dict[str, dict]:
-    doc = json.loads((pytester.path / name).read_text())
-    return {c["id"]: c for c in doc["cells"]}
 
 
 def test_a_replayed_trace_is_re_measured_on_fresh_starts_and_gated(pytester):
@@ -214,7 +209,7 @@ def test_a_replayed_trace_is_re_measured_on_fresh_starts_and_gated(pytester):
         ["*REGRESSION  trace[[]day2[]] TTFT from the scheduled send ms*attempts on fresh starts*"]
     )
     assert "Interrupted" not in slower.stdout.str()
-    cell = _cells_of(pytester, "b.json")["trace[day2]"]
+    cell = _cells(pytester, "b.json")["trace[day2]"]
     assert cell["baseline"] == "regressed" and len(cell["attempts"]) >= 2  # re-measured
 
 
