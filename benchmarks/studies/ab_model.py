@@ -10,7 +10,11 @@ states (decode windows ``--window``, prefill ``--prefill``). Cells: prefill[1K],
 decode[1K-c8], as benchmarks/studies/ab_vs_stored.py runs on the simulator. The rounds stop as
 the plugin's do (``Ledger.end_block``), up to ``--blocks`` blocks.
 
-Usage: ``python -m benchmarks.studies.ab_model [--trials 600] [--write]``.
+With ``--prior K``, each A/B's ledger has the pooled spread of K earlier unchanged A/Bs of the
+same model (their own seeds) as its prior, as ``--llm-ab-prior`` gives it (docs/gate.md, "A
+prior from earlier A/Bs"); ``--write`` then writes ab_model_prior.md.
+
+Usage: ``python -m benchmarks.studies.ab_model [--trials 600] [--prior K] [--write]``.
 """
 
 from __future__ import annotations
@@ -20,17 +24,22 @@ import math
 import random
 
 from benchmarks.common import RESULTS, command, table, utc_now, write_page
-from pytest_llmspeed.gate.ab import BLOCK, Ledger, Round, arm_of
+from pytest_llmspeed.gate.ab import BLOCK, FIGURES, KindSpread, Ledger, Round, arm_of, pool_spreads
 
 CELLS = ("prefill[1K]", "decode[1K-c1]", "decode[1K-c8]")
 VERDICTS = ("regressed", "improved", "same", "unknown")
 
 
 def trial(
-    factor: float, seed: int, args: argparse.Namespace, curvature: float
+    factor: float,
+    seed: int,
+    args: argparse.Namespace,
+    curvature: float,
+    prior: dict[str, KindSpread] | None = None,
 ) -> tuple[Ledger, dict[str, int]]:
     rng = random.Random(seed)
     ledger = Ledger(args.tolerance)
+    ledger.prior = prior or {}
     phase = rng.uniform(0, 2 * math.pi)
     for index in range(args.blocks * len(BLOCK)):
         arm = arm_of(index)
@@ -53,6 +62,19 @@ def trial(
     return ledger, {c: ledger.starts(c) for c in CELLS}
 
 
+def prior_of(seed: int, args: argparse.Namespace, curvature: float) -> dict[str, KindSpread]:
+    """The pooled spread of ``args.prior`` earlier unchanged A/Bs (seeds of their own)."""
+    earlier = [
+        trial(1.0, 1_000_000 + seed * args.prior + k, args, curvature)[0] for k in range(args.prior)
+    ]
+    out = {}
+    for kind in FIGURES:
+        got = pool_spreads(s for e in earlier if (s := e.kind_spread(kind)) is not None)
+        if got is not None:
+            out[kind] = got
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=600)
@@ -62,6 +84,7 @@ def main() -> None:
     parser.add_argument("--drift", type=float, default=0.2)
     parser.add_argument("--tolerance", type=float, default=0.05)
     parser.add_argument("--blocks", type=int, default=4)
+    parser.add_argument("--prior", type=int, default=0, help="earlier A/Bs as the prior")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     rows = []
@@ -71,7 +94,8 @@ def main() -> None:
             decode = dict.fromkeys(VERDICTS, 0)
             starts = checks = 0
             for seed in range(args.trials):
-                ledger, used = trial(factor, seed, args, curvature)
+                prior = prior_of(seed, args, curvature) if args.prior else None
+                ledger, used = trial(factor, seed, args, curvature, prior)
                 for cell, v in ledger.finish().items():
                     for j in v.figures.values():
                         counts[j.verdict.value] += 1
@@ -102,10 +126,14 @@ def main() -> None:
     lines = table(head, rows, "rrrrrrrrr")
     print("\n".join(lines))
     if args.write:
+        name = "ab_model_prior.md" if args.prior else "ab_model.md"
+        title = "# The A/B's arithmetic on a model of its conditions"
+        if args.prior:
+            title += f", with {args.prior} earlier A/Bs as the prior (--llm-ab-prior)"
         write_page(
-            RESULTS / "ab_model.md",
+            RESULTS / name,
             [
-                "# The A/B's arithmetic on a model of its conditions",
+                title,
                 "",
                 f"Made {utc_now()} with `{command('benchmarks.studies.ab_model')}`: start noise "
                 f"{args.start:.0%} common to every cell, decode windows ±{args.window:.0%} and "

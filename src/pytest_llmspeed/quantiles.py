@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 
-__all__ = ["normal_quantile", "t_cdf", "t_quantile"]
+__all__ = ["f_cdf", "f_quantile", "normal_quantile", "t_cdf", "t_quantile"]
 
 _A = (-39.69683028665376, 220.9460984245205, -275.9285104469687, 138.3577518672690,
       -30.66479806614716, 2.506628277459239)  # fmt: skip
@@ -125,6 +125,35 @@ def _t(p: float, df: float) -> float:
     while hi - lo > 1e-13 * hi:  # to about double precision (some 45 halvings, not 100)
         mid = (lo + hi) / 2
         if _cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def f_cdf(x: float, d1: float, d2: float) -> float:
+    """The F distribution's CDF with ``d1`` and ``d2`` degrees of freedom (any real > 0):
+    ``I_{d1 x / (d1 x + d2)}(d1 / 2, d2 / 2)``."""
+    if x <= 0:
+        return 0.0
+    return _beta_regularized(d1 / 2, d2 / 2, d1 * x / (d1 * x + d2))
+
+
+@functools.lru_cache(maxsize=256)
+def f_quantile(p: float, d1: float, d2: float) -> float:
+    """The F distribution's quantile for p in (0, 1), by bisection of :func:`f_cdf` (to a
+    relative 1e-10): the one-sided test of two variances (an A/B's own spread against an
+    earlier one's, docs/gate.md)."""
+    if not 0 < p < 1:
+        raise ValueError("p must be in (0, 1)")
+    if d1 <= 0 or d2 <= 0:
+        raise ValueError("degrees of freedom must be positive")
+    lo, hi = 0.0, 1.0
+    while f_cdf(hi, d1, d2) < p:
+        hi *= 2
+    while hi - lo > 1e-10 * hi:
+        mid = (lo + hi) / 2
+        if f_cdf(mid, d1, d2) < p:
             lo = mid
         else:
             hi = mid

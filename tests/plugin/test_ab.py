@@ -2,6 +2,7 @@
 plugin in ABBA rounds, or two servers it does not start; each cell's verdict as an outcome of
 its test, in the terminal, JUnit and the results file."""
 
+import json
 import sys
 import xml.etree.ElementTree as ET
 
@@ -132,6 +133,7 @@ def test_two_servers_the_plugin_does_not_start(results_doc, pytester):
         ((*ab(), "--llm-tolerance=150%"), "below 100 %"),
         ((*ab(), "--llm-budget=soon"), "900, 90s, 10m, 1h"),
         ((*ab(), "--llm-ab-seed=-1"), "whole number"),
+        ((*ab(), "--llm-ab-prior=none.json"), "none.json: no such file"),
         (
             ("--llm-endpoint=http://127.0.0.1:9", "--llm-endpoint-baseline=http://127.0.0.1:9/v1"),
             "the same server as --llm-endpoint",
@@ -167,3 +169,36 @@ def test_an_old_endpoint_that_cannot_be_reached_is_named_by_its_option(pytester)
             assert "old version (--llm-endpoint-baseline)" in out, out
             assert "Check --llm-endpoint-baseline and that the server is running" in out, out
             assert "Check --llm-endpoint " not in out and "Traceback" not in out, out
+
+
+def test_an_earlier_ab_is_the_prior_of_the_next(results_doc, pytester):
+    """An A/B's results file as the next A/B's prior: taken when measured on this machine,
+    refused (and said) for a copy whose machine differs; the verdicts' degrees of freedom are
+    this A/B's own and the prior's."""
+    short = (*ARGS, "--llm-concurrency=1", "--llm-ab-rounds=8")
+    first = pytester.runpytest(*ab(), *short[:3], "--llm-results=first.json", *short[4:])
+    assert first.ret == 0, first.stdout.str()
+    doc = json.loads((pytester.path / "first.json").read_text())
+    assert doc["ab"]["spread"]["decode"]["between_df"] == 3
+    doc["run"]["metadata"]["cores"] = "256"
+    (pytester.path / "other.json").write_text(json.dumps(doc))
+    result = pytester.runpytest(*ab(), *short, "--llm-ab-prior=first.json,other.json")
+    assert result.ret == 0, result.stdout.str()
+    prior = results_doc("out.json")["ab"]["prior"]
+    assert prior["files"][0] == {"path": "first.json", "refused": None}
+    assert prior["files"][1]["path"] == "other.json"
+    assert "another machine (cores: 256, " in prior["files"][1]["refused"]
+    use = prior["used"]["decode"]
+    if use["how"] == "pooled":  # unless today's spread is wider than the prior's by chance
+        # the prior's 3; its own 1 when one block showed it the same, else 3
+        assert use["prior_df"] == 3 and use["df"] == use["own_df"] + 3
+        change = results_doc("out.json")["ab"]["cells"]["decode[1K-c1]"]["figures"]
+        assert change["total_tok_s"]["df"] == use["df"]
+    out = result.stdout.str()
+    assert (
+        "prior: first.json\n" in out and "prior: other.json: not used, measured on another" in out
+    )
+    assert "prior decode: " in out
+    alone = pytester.runpytest("--llm-endpoint=sim", "--llm-ab-prior=first.json")
+    assert alone.ret == pytest.ExitCode.USAGE_ERROR
+    assert "is for an A/B: give --llm-serve-baseline" in alone.stderr.str()

@@ -44,6 +44,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..quantiles import f_quantile
 from .judge import Change, Judgement, Verdict, judge
 
 #: the arms in the order of one block: old, new, new, old (its mirror, new old old new, is the
@@ -158,6 +159,77 @@ class Spread:
         return round(max(self.least, clustered_df(self.groups) - 1), 1)
 
 
+#: the one-sided level at which an A/B's own spread of a kind is shown wider than an earlier
+#: A/B's (an F test of the two variances of one block's d): the prior is then not pooled
+PRIOR_LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class KindSpread:
+    """One kind's spread in one A/B (or several pooled): σ², what moves between starts, with
+    its degrees of freedom (None: no round had intervals), and the variance of one block's d
+    in all (σ² and the measurements' own noise) with its degrees of freedom."""
+
+    between: float | None
+    between_df: float
+    total: float
+    total_df: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "between": None if self.between is None else round(self.between, 9),
+            "between_df": self.between_df,
+            "total": round(self.total, 9),
+            "total_df": self.total_df,
+        }
+
+
+def pool_spreads(spreads: Iterable[KindSpread]) -> KindSpread | None:
+    """Several A/Bs' spreads of one kind as one, each weighed by its degrees of freedom."""
+    got = [s for s in spreads if s.total_df > 0 and math.isfinite(s.total)]
+    if not got:
+        return None
+    between = [s for s in got if s.between is not None and s.between_df > 0]
+    b_df = sum(s.between_df for s in between)
+    t_df = sum(s.total_df for s in got)
+    return KindSpread(
+        sum((s.between or 0.0) * s.between_df for s in between) / b_df if b_df else None,
+        round(b_df, 1),
+        sum(s.total * s.total_df for s in got) / t_df,
+        round(t_df, 1),
+    )
+
+
+@dataclass(frozen=True)
+class PriorUse:
+    """What one kind's verdicts took from the prior: ``pooled`` (the A/B's own spread and the
+    prior's, by degrees of freedom) or ``refused`` (the A/B's own spread is wider than the
+    prior's beyond chance, so its own alone), with the variances and degrees of freedom the
+    verdicts then use: σ² (``between``, ``df``) and one block's d in all (``total``,
+    ``total_df``, for rounds without intervals)."""
+
+    how: str
+    between: float | None
+    df: float
+    total: float
+    total_df: float
+    own_df: float
+    prior_df: float
+    ratio: float  # the A/B's own spread of d over the prior's (the F test's statistic)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "how": self.how,
+            "between": None if self.between is None else round(self.between, 9),
+            "df": self.df,
+            "total": round(self.total, 9),
+            "total_df": self.total_df,
+            "own_df": self.own_df,
+            "prior_df": self.prior_df,
+            "ratio": round(self.ratio, 4) if math.isfinite(self.ratio) else None,
+        }
+
+
 @dataclass
 class Round:
     """One round: one start of one version, the selected cells' figures on it."""
@@ -270,6 +342,9 @@ class Ledger:
     decided: dict[str, CellVerdict] = field(default_factory=dict)
     #: the seed each block's order is drawn from (:func:`block_order`; None: always ABBA)
     seed: int | None = None
+    #: earlier A/Bs' spreads by kind (``--llm-ab-prior``), pooled with this A/B's own unless
+    #: its own is wider beyond chance (:meth:`prior_use`)
+    prior: dict[str, KindSpread] = field(default_factory=dict)
 
     def arm(self, index: int) -> str:
         """The arm of round ``index`` in this A/B's order."""
@@ -381,6 +456,44 @@ class Ledger:
             return None
         return max(0.0, (spread.ss - spread.own) / spread.samples), spread.df()
 
+    def kind_spread(self, kind: str) -> KindSpread | None:
+        """This A/B's own spread of ``kind`` (what an A/B after it takes as its prior); None
+        without a complete block."""
+        total, total_df = self.pooled(kind)
+        if not total_df:
+            return None
+        between = self.between(kind)
+        if between is None:
+            return KindSpread(None, 0.0, total, total_df)
+        return KindSpread(between[0], between[1], total, total_df)
+
+    def prior_use(self, kind: str) -> PriorUse | None:
+        """How the prior of ``kind`` joins this A/B's own spread (None: no prior, or no block
+        of its own yet). Pooled by degrees of freedom, unless a one-sided F test of one block's
+        variance of d finds this A/B's wider than the prior's (a noisier day than the prior's:
+        its intervals must widen, not borrow a narrower spread)."""
+        prior = self.prior.get(kind)
+        own = self.kind_spread(kind)
+        if prior is None or own is None:
+            return None
+        ratio = own.total / prior.total if prior.total > 0 else math.inf
+        if ratio > f_quantile(PRIOR_LEVEL, own.total_df, prior.total_df):
+            return PriorUse(
+                "refused", own.between, own.between_df, own.total, own.total_df,
+                own.between_df, prior.between_df, ratio,
+            )  # fmt: skip
+        between: float | None = None
+        df = own.between_df
+        if own.between is not None and prior.between is not None:
+            df = own.between_df + prior.between_df
+            between = (own.between * own.between_df + prior.between * prior.between_df) / df
+        total_df = own.total_df + prior.total_df
+        total = (own.total * own.total_df + prior.total * prior.total_df) / total_df
+        return PriorUse(
+            "pooled", between, round(df, 1), total, round(total_df, 1), own.between_df,
+            prior.between_df, ratio,
+        )  # fmt: skip
+
     def cells(self, kind: str | None = None) -> list[str]:
         """Every cell measured in some round (of ``kind``), in the order first seen."""
         seen: dict[str, None] = {}
@@ -402,6 +515,11 @@ class Ledger:
         kind = kind_of(cell)
         between = self.between(kind)
         kind_var, kind_df = self.pooled(kind)
+        use = self.prior_use(kind)
+        if use is not None:  # an earlier A/B's spread, pooled (or refused: this one's alone)
+            if between is not None and use.between is not None:
+                between = (use.between, use.df)
+            kind_var, kind_df = use.total, use.total_df
         figures: dict[str, Judgement] = {}
         blocks = 0
         for figure, higher in FIGURES.get(kind, ()):
@@ -476,14 +594,57 @@ class Ledger:
         counts[Verdict.UNKNOWN.value] = 0
         for v in verdicts.values():
             counts[v.verdict.value] += 1
+        spreads = {k: got.to_dict() for k in FIGURES if (got := self.kind_spread(k))}
+        uses = {k: use.to_dict() for k in FIGURES if (use := self.prior_use(k))}
         return {
             "tolerance": self.tolerance,
             "seed": self.seed,
             "order": [r.arm for r in self.rounds],
+            #: this A/B's own spread by kind: what a later A/B's --llm-ab-prior reads
+            "spread": spreads,
+            "prior": {"spread": {k: p.to_dict() for k, p in self.prior.items()}, "used": uses}
+            if self.prior
+            else None,
             "rounds": [r.to_dict() for r in self.rounds],
             "cells": {c: v.to_dict() for c, v in verdicts.items()},
             "counts": counts,
         }
+
+
+def spreads_of(ab: Mapping[str, Any]) -> dict[str, KindSpread]:
+    """An earlier A/B's spread by kind, from the rounds its results file holds (its "ab"):
+    recomputed, so files written before the spread was stored serve too. Raises ValueError
+    when the rounds are not an A/B's."""
+    rounds = ab.get("rounds")
+    if not isinstance(rounds, list):
+        raise ValueError("it holds no rounds")
+    ledger = Ledger(0.05)
+    for i, r in enumerate(rounds):
+        if not isinstance(r, Mapping) or r.get("arm") not in ("old", "new"):
+            raise ValueError(f"round {i + 1} is not an A/B round")
+        cells, se = r.get("cells") or {}, r.get("se") or {}
+        if not isinstance(cells, Mapping) or not isinstance(se, Mapping):
+            raise ValueError(f"round {i + 1} is not an A/B round")
+        ledger.rounds.append(
+            Round(
+                i,
+                str(r["arm"]),
+                cells={str(c): _figures(f) for c, f in cells.items()},
+                se={str(c): _figures(f) for c, f in se.items()},
+            )
+        )
+    return {k: got for k in FIGURES if (got := ledger.kind_spread(k)) is not None}
+
+
+def _figures(values: object) -> dict[str, float]:
+    if not isinstance(values, Mapping):
+        raise ValueError("a round's figures are not an object")
+    out = {}
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise ValueError(f"a round's {name} is {v!r}, not a number")
+        out[str(name)] = float(v)
+    return out
 
 
 __all__ = [
@@ -491,10 +652,13 @@ __all__ = [
     "FIGURES",
     "MIN_BLOCKS",
     "MIRROR",
+    "PRIOR_LEVEL",
     "STALL_FACTOR",
     "Block",
     "CellVerdict",
+    "KindSpread",
     "Ledger",
+    "PriorUse",
     "Round",
     "Spread",
     "arm_of",
@@ -502,4 +666,6 @@ __all__ = [
     "cell_verdict",
     "clustered_df",
     "kind_of",
+    "pool_spreads",
+    "spreads_of",
 ]

@@ -67,6 +67,9 @@ class ABRun:
         #: when the rounds past the first two blocks began (what --llm-budget bounds)
         self.extra_from: float | None = None
         self.stopped: str | None = None  # why the rounds ended before their most
+        #: --llm-ab-prior's files, each with why it was refused (None: taken), once the first
+        #: start has said what machine and model this A/B runs on
+        self.prior_files: list[tuple[str, str | None]] = []
         self._items: dict[str, pytest.Item] = {}
 
     def header(self) -> list[str]:
@@ -104,6 +107,8 @@ class ABRun:
             run.server.switch(self.arms[arm])
             run.store.cells.clear()
         self.server_lines.setdefault(arm, run.server.header()[0].removeprefix("llmspeed "))
+        if index == 0 and run.settings.ab_prior:
+            self.take_prior()
         if index == MIN_BLOCKS * len(BLOCK) and self.extra_from is None:
             self.extra_from = time.monotonic()
         started = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
@@ -113,6 +118,22 @@ class ABRun:
             plan = [p for p in run.plan if self.ledger.wanted(str(p[0]))]
             run.progress.next_run(self.label(index), plan)
             run.progress.total = len(plan)
+
+    def take_prior(self) -> None:
+        """The earlier A/Bs that apply to this one (measured on this machine, with this model)
+        become the ledger's prior; the others are kept with why not."""
+        from ..gate.prior import pooled, refusal
+
+        run = self.run
+        model = run.server.info.model if run.server.info is not None else None
+        taken = []
+        self.prior_files = []
+        for prior in run.settings.ab_prior:
+            why = refusal(prior, run.server.machine, model)
+            self.prior_files.append((prior.path, why))
+            if why is None:
+                taken.append(prior)
+        self.ledger.prior = pooled(taken)
 
     def label(self, index: int) -> str:
         return f"round {index + 1}/{self.max_rounds} {self.ledger.arm(index)} · "
@@ -328,6 +349,11 @@ class ABRun:
             budget_s=s.budget,
             stopped=self.stopped,
         )
+        if self.prior_files:
+            doc["prior"] = {
+                **(doc.get("prior") or {}),
+                "files": [{"path": path, "refused": why} for path, why in self.prior_files],
+            }
         return doc
 
     def write(self) -> None:

@@ -308,6 +308,13 @@ OPTIONS: tuple[Option, ...] = (
         "repeat an A/B's order",
     ),
     Option(
+        "ab-prior",
+        "earlier A/Bs' results files (comma-separated) whose spread between starts is pooled "
+        "with this A/B's own by degrees of freedom, so that two blocks can show an unchanged "
+        "cell the same; refused for a file from another machine or model, and when this "
+        "A/B's spread is wider than theirs beyond chance (docs/gate.md)",
+    ),
+    Option(
         "tolerance",
         "the change an A/B's verdicts tolerate, as a percentage or a fraction (5% or 0.05): a "
         "cell is regressed when worse by more beyond the noise, same when shown within it",
@@ -397,6 +404,8 @@ class Settings:
     endpoint_baseline: str | None = None
     ab_rounds: int = 16
     ab_seed: int | None = None  # None: drawn when the A/B begins
+    #: --llm-ab-prior: earlier A/Bs read (gate.prior.PriorFile each)
+    ab_prior: tuple[Any, ...] = ()
     tolerance: float = 0.05
     budget: float | None = None  # seconds
     unknown: str = "warn"
@@ -445,6 +454,7 @@ class Settings:
             "api_key": "<redacted>" if self.api_key else None,
             "ab": self.ab_kind,
             "ab_rounds": self.ab_rounds if self.ab_kind else None,
+            "ab_prior": [p.path for p in self.ab_prior] or None,
             "tolerance": self.tolerance if self.ab_kind else None,
             "budget_s": self.budget,
             "unknown": self.unknown,
@@ -742,6 +752,14 @@ def _check_ab(config: pytest.Config, values: dict[str, Any]) -> None:
 
     old_serve, old_url = values["serve_baseline"], values["endpoint_baseline"]
     if old_serve is None and old_url is None:
+        if values.get("ab_prior"):
+            opt = next(o for o in OPTIONS if o.name == "ab-prior")
+            given, source = raw_value(config, opt)
+            raise _bad(
+                source,
+                str(given),
+                "is for an A/B: give --llm-serve-baseline (or --llm-endpoint-baseline) too",
+            )
         return
     name = "serve-baseline" if old_serve is not None else "endpoint-baseline"
     opt = next(o for o in OPTIONS if o.name == name)
@@ -921,6 +939,16 @@ def _convert(key: str, value: str) -> Any:
         if not value.strip().isdigit() or int(value) < 1:
             raise ValueError("must be a whole number of rounds (8 or more)")
         return int(value)
+    if key == "ab_prior":
+        from ..gate.prior import PriorError, read_prior
+
+        paths = [v.strip() for v in value.split(",") if v.strip()]
+        if not paths:
+            raise ValueError("give one or more results files of earlier A/Bs, comma-separated")
+        try:
+            return tuple(read_prior(path) for path in paths)
+        except PriorError as exc:
+            raise ValueError(str(exc)) from None
     if key == "ab_seed":
         if not value.strip().isdigit():
             raise ValueError("must be a whole number (0, 1, 2, ...)")

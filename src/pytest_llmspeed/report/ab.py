@@ -89,6 +89,7 @@ def lines(doc: Mapping[str, Any]) -> list[str]:
         out.append(f"{arm}: {what}")
         if a.get("server"):
             out.append(f"     {a['server']}")
+    out.extend(prior_lines(doc))
     out.extend(tabulate(rows(doc), headers=HEAD, disable_numparse=True).splitlines())
     out.append(
         "Change: the paired change of new against old over the blocks (its 95 % interval); "
@@ -111,6 +112,36 @@ def lines(doc: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def prior_lines(doc: Mapping[str, Any]) -> list[str]:
+    """What the A/B took from earlier A/Bs (``--llm-ab-prior``): each file, taken or why not,
+    and each kind's spread between starts with its degrees of freedom."""
+    prior = doc.get("prior") or {}
+    out = []
+    for f in prior.get("files") or ():
+        why = f.get("refused")
+        out.append(f"prior: {f.get('path')}" + (f": not used, {why}" if why else ""))
+    for kind, u in (prior.get("used") or {}).items():
+        if u.get("how") == "refused":
+            ratio = u.get("ratio")
+            times = f"{ratio:.1f}× " if isinstance(ratio, int | float) else ""
+            out.append(
+                f"prior {kind}: not used: this A/B's spread is {times}the prior's, wider than "
+                f"chance; its own alone ({u.get('df', 0):g} degrees of freedom)"
+            )
+            continue
+        between = u.get("between")
+        sd = (
+            f"σ between starts {math.sqrt(between):.1%}, "
+            if isinstance(between, int | float) and between >= 0
+            else ""
+        )
+        out.append(
+            f"prior {kind}: {sd}{u.get('df', 0):g} degrees of freedom ({u.get('own_df', 0):g} "
+            f"of this A/B's + {u.get('prior_df', 0):g} of the prior's)"
+        )
+    return out
+
+
 def markdown(doc: Mapping[str, Any]) -> str:
     """The A/B for the job summary: the table and the counts, every cell string escaped."""
     head = "| " + " | ".join(HEAD) + " |\n| " + " | ".join("---" for _ in HEAD) + " |\n"
@@ -124,4 +155,4 @@ def markdown(doc: Mapping[str, Any]) -> str:
     )
 
 
-__all__ = ["HEAD", "arm_means", "counts_line", "lines", "markdown", "rows"]
+__all__ = ["HEAD", "arm_means", "counts_line", "lines", "markdown", "prior_lines", "rows"]
