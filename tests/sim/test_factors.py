@@ -252,6 +252,27 @@ def test_options_parse_and_round_trip_through_the_command_line() -> None:
     args = build_parser().parse_args(cli_args(opts))
     assert (args.accept, args.max_num_seqs, args.kv_preempt) == (0.5, 2, 65536)
     assert parse_sim_spec("sim:tiny") == SimOptions()  # none given: as before
+    text = parse_sim_spec("sim:tiny?accept=text")
+    assert text.accept == "text" and build_parser().parse_args(cli_args(text)).accept == "text"
+
+
+def test_accept_text_follows_the_prompt_and_leaves_the_default_alone() -> None:
+    """``accept=text``: a prompt that repeats itself accepts its drafts more than one that never
+    does (docs/simulator.md, "Acceptance that follows the text"); without it the profile's."""
+    from pytest_llmspeed.sim.engine import TEXT_ACCEPT_MAX, TEXT_ACCEPT_MIN, predictability
+
+    repeated, never = list(range(50)) * 100, list(range(5000))
+    assert predictability(repeated) == 1.0 and predictability(never) == 0.0
+    core = EngineCore(TINY, acceptance="text")
+    a, b = SimRequest(repeated, 8), SimRequest(never, 8)
+    core.add(a, 0.0)
+    core.add(b, 0.0)
+    assert a.survival == pytest.approx((TEXT_ACCEPT_MAX, TEXT_ACCEPT_MAX**2))
+    assert b.survival == pytest.approx((TEXT_ACCEPT_MIN, TEXT_ACCEPT_MIN**2))
+    plain = EngineCore(TINY)
+    c = SimRequest(repeated, 8)
+    plain.add(c, 0.0)
+    assert c.survival is None  # the profile's acceptance, as before
 
 
 @pytest.mark.parametrize(

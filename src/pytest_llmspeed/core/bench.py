@@ -35,6 +35,7 @@ from .openloop import (
     trace_plan,
 )
 from .probe import ServerInfo, probe
+from .prompt_text import PromptText
 from .prompts import PromptFactory
 from .protocol import (
     DecodeResult,
@@ -147,6 +148,7 @@ class BenchConfig:
     max_model_len: int | None = None  # given by the user: wins over the server's
     prefill_repeats: int = 1  # cold requests per prefill cell; the figure is their median
     text_prompts: bool = False  # completions prompts as text sized with /tokenize, not ids
+    prompt_text: PromptText | None = None  # --llm-prompt-text: the prompts' material
     precision: float | None = None  # end a decode window early at this interval half-width
     min_duration: float = 5.0  # ... but not before this many seconds
     endpoints: tuple[str, ...] = ()  # the replicas of one model, when several (base_url first)
@@ -288,7 +290,11 @@ class Bench:
             self.conn = Connection.open(base_url, cfg.api_key, cfg.timeout)
             self.server = await ask(self.conn)
         self.factory = PromptFactory(
-            self.conn, self.server.model, api=cfg.api, text=cfg.text_prompts
+            self.conn,
+            self.server.model,
+            api=cfg.api,
+            text=cfg.text_prompts,
+            material=cfg.prompt_text,
         )
         self.dialect = await negotiate(self.conn, self.factory, self.server.model, cfg.api)
 

@@ -18,11 +18,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from .client import Connection
 from .errors import LLMSpeedError
+from .prompt_text import PromptText
 from .tokenize import ROUTE_WORDS, TOKENIZE, ServerTokenizer
 
 SUFFIX_TOKENS = 32
@@ -95,6 +97,106 @@ class PromptError(LLMSpeedError):
     pass
 
 
+#: characters of the prompt text sent to the tokenizer in one request (cut at a space)
+MATERIAL_PIECE_CHARS = 32_768
+#: the salted head of a token-id prompt made of the user's text: it keeps each run's P(C) cold
+MATERIAL_HEAD_TOKENS = 8
+#: random ids that open each unique suffix of such a prompt (the text may repeat itself, so
+#: text alone could give two requests the same suffix)
+MATERIAL_SUFFIX_SALT = 4
+
+_WORD = re.compile(r"\S+")
+
+
+@dataclass
+class Material:
+    """``--llm-prompt-text``'s text, tokenized and split into words as far as prompts need it;
+    shared by a factory and its :meth:`PromptFactory.fresh` copies (one tokenization a run)."""
+
+    text: PromptText
+    notes: list[str]
+    ids: list[int] = field(default_factory=list)
+    tokenized: int = 0  # characters of the text tokenized so far
+    words: list[str] = field(default_factory=list)
+    _word_iter: Any = None
+    _said: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return self.tokenized >= len(self.text.text)
+
+    async def token_ids(self, tokenizer: ServerTokenizer, needed: int) -> list[int]:
+        """At least ``needed`` of the text's token ids (all of them when it has fewer), asked
+        of the server's tokenizer in pieces of :data:`MATERIAL_PIECE_CHARS` characters."""
+        text = self.text.text
+        while len(self.ids) < needed and not self.complete:
+            end = min(len(text), self.tokenized + MATERIAL_PIECE_CHARS)
+            if end < len(text):  # cut before a space: the next piece starts with it
+                space = text.rfind(" ", self.tokenized + 1, end)
+                end = space if space > self.tokenized else end
+            self.ids.extend(await tokenizer.ids(text[self.tokenized : end]))
+            self.tokenized = end
+        if not self.ids:
+            raise PromptError(
+                f"--llm-prompt-text {self.text.source}: the server's tokenizer gave no token ids "
+                "for its text",
+                setting="prompt_text",
+            )
+        self.say(len(self.ids), needed, "tokens")
+        return self.ids
+
+    def word(self, i: int) -> str:
+        """The text's word ``i``, the text repeated from its start past its last word."""
+        while len(self.words) <= i and self._word_iter is not False:
+            if self._word_iter is None:
+                self._word_iter = _WORD.finditer(self.text.text)
+            found = next(self._word_iter, None)
+            if found is None:
+                self._word_iter = False
+            else:
+                self.words.append(found.group())
+        return self.words[i % len(self.words)]
+
+    def say(self, have: int, needed: int, unit: str) -> None:
+        """The note of what was read, once a run (when the first prompt is made of it):
+        ``have`` tokens or words of the text, of which prompts needed ``needed``."""
+        if self._said:
+            return
+        self._said = True
+        t = self.text
+        joined = f", {t.pieces:,} prompts joined" if t.pieces > 1 else ""
+        whole = self.complete if unit == "tokens" else self._word_iter is False
+        if unit == "words":
+            have = len(self.words)
+        size = f"{have:,} {unit} by the server's tokenizer" if unit == "tokens" else ""
+        if unit == "words":
+            size = f"{have:,} words{'' if whole else ' read so far'}, in order"
+        if not whole:
+            size = f"its first {size}"
+        repeat = "; prompts longer than it repeat it" if whole and needed > have else ""
+        self.notes.append(
+            f"prompt text {t.source}: {t.characters:,} characters{joined}; {size}{repeat}"
+        )
+
+
+class _Draw:
+    """Words for :meth:`PromptFactory._fit`: random ones from the fixed list (no material), or
+    the text's words in order from ``start`` (a word given back is taken again next)."""
+
+    def __init__(self, rng: random.Random, material: Material | None, start: int = 0):
+        self.rng, self.material, self.next = rng, material, start
+
+    def take(self) -> str:
+        if self.material is None:
+            return self.rng.choice(_WORDS)
+        self.next += 1
+        return self.material.word(self.next - 1)
+
+    def give_back(self, n: int) -> None:
+        if self.material is not None:
+            self.next -= n
+
+
 @dataclass
 class Prompt:
     """One prompt, its exact length in tokens, and a fast JSON encoding of its request.
@@ -134,7 +236,8 @@ class PromptFactory:
     """Builds the prompts of one run (one salt) for one API (``completions`` or ``chat``).
 
     ``text``: completions prompts as text (sized with the server's tokenizer) instead of token
-    ids; chat prompts are always text.
+    ids; chat prompts are always text. ``material``: the user's text (``--llm-prompt-text``)
+    that prompts are made of instead of the fixed list's words (None: the fixed list).
     """
 
     conn: Connection
@@ -152,6 +255,12 @@ class PromptFactory:
     _head_json: dict[int, bytes] = field(default_factory=dict)
     _issued: dict[int, int] = field(default_factory=dict)
     _tokenizer: ServerTokenizer | None = None
+    material: PromptText | None = None
+    _material: Material | None = None
+
+    def __post_init__(self) -> None:
+        if self.material is not None and self._material is None:
+            self._material = Material(self.material, self.notes)
 
     @property
     def uses_ids(self) -> bool:
@@ -170,6 +279,8 @@ class PromptFactory:
             _pool=self._pool,
             _slot_words=self._slot_words,
             _tokenizer=self.tokenizer,
+            material=self.material,
+            _material=self._material,
         )
 
     def cheap(self, context: int) -> bool:
@@ -217,6 +328,8 @@ class PromptFactory:
         s = min(self.suffix_tokens, max(context - 1, 0))
         if self.uses_ids:
             pool = await self.id_pool()
+            if self._material is not None:
+                return await self._material_ids(context, index, s, pool)
             if context not in self._prefix_ids:
                 prefix_rng = self._rng(context)
                 ids = [prefix_rng.choice(pool) for _ in range(context - s)]
@@ -235,6 +348,24 @@ class PromptFactory:
         body = {"messages": [{"role": "user", "content": text}]}
         return Prompt(body, context, head_json=head_json, tail=tail)
 
+    async def _material_ids(self, context: int, index: int, s: int, pool: list[int]) -> Prompt:
+        """Token-id prompt ``index`` made of the user's text: P(C) is a salted head of
+        :data:`MATERIAL_HEAD_TOKENS` random ids (cold on the server every run) and the text's
+        tokens from its start; the suffix is :data:`MATERIAL_SUFFIX_SALT` random ids and the
+        text's tokens at an offset that moves with ``index`` (the text repeated past its end)."""
+        assert self._material is not None
+        text = await self._material.token_ids(self.tokenizer, context)
+        if context not in self._prefix_ids:
+            rng = self._rng(context)
+            head = [rng.choice(pool) for _ in range(min(MATERIAL_HEAD_TOKENS, context - s))]
+            ids = head + _cycle(text, 0, context - s - len(head))
+            self._prefix_ids[context] = (ids, json.dumps(ids)[:-1].encode())
+        ids, encoded = self._prefix_ids[context]
+        rng = self._rng(context, index + 1)
+        salt = [rng.choice(pool) for _ in range(min(MATERIAL_SUFFIX_SALT, s))]
+        suffix = salt + _cycle(text, context + index * s, s - len(salt))
+        return Prompt({"prompt": ids + suffix}, context, encoded, suffix)
+
     # -- text prompts: sized with the server's tokenizer ----------------------------------------
 
     async def _count(self, content: str) -> int:
@@ -242,8 +373,11 @@ class PromptFactory:
         with the chat template for chat, with the special tokens (BOS) for completions."""
         return await self.tokenizer.prompt_tokens(content)
 
-    async def _fit(self, head: str, target: int, rng: random.Random, sep: str) -> str:
-        """``head`` + words so that the prompt has exactly ``target`` tokens.
+    async def _fit(
+        self, head: str, target: int, rng: random.Random, sep: str, draw: _Draw | None = None
+    ) -> str:
+        """``head`` + words so that the prompt has exactly ``target`` tokens (``draw``: where
+        the words come from; None: random words of the fixed list).
 
         Words first, to get close; then, from below, short fillers whose token count the
         server's ``/tokenize`` tells: a word can be two tokens or more (small byte-level
@@ -252,7 +386,8 @@ class PromptFactory:
         base = await self._count(head)
         if base > target:
             raise PromptError(f"the prompt's head alone exceeds {target} tokens")
-        words = [rng.choice(_WORDS) for _ in range(max(0, target - base) // 2)]
+        draw = draw or _Draw(rng, None)
+        words = [draw.take() for _ in range(max(0, target - base) // 2)]
 
         def text() -> str:
             return head + (sep + " ".join(words) if words else "")
@@ -266,11 +401,13 @@ class PromptFactory:
             if step == 0:
                 step = 1 if count < target else -1
             if step > 0:
-                words.extend(rng.choice(_WORDS) for _ in range(step))
+                words.extend(draw.take() for _ in range(step))
             else:
+                draw.give_back(len(words[step:]))
                 del words[step:]
             count = await self._count(text())
         while count > target and words:  # from below, so that fillers can close the gap
+            draw.give_back(1)
             del words[-1]
             count = await self._count(text())
         fill = await self._close(text(), "", target, count)
@@ -300,12 +437,17 @@ class PromptFactory:
         return self._slot_words
 
     async def _prefix(self, context: int) -> str:
-        """P(C) as text: the run's salt, then words, sized to C − s tokens."""
+        """P(C) as text: the run's salt, then words (the user's text in order, where given),
+        sized to C − s tokens."""
         s = min(self.suffix_tokens, max(context - 8, 0))
         if context not in self._prefix_text:
             rng = self._rng(context)
             head = f"run {self.salt % 10**8}:"
-            self._prefix_text[context] = await self._fit(head, context - s, rng, " ")
+            m = self._material
+            draw = _Draw(rng, m) if m is not None else None
+            self._prefix_text[context] = await self._fit(head, context - s, rng, " ", draw)
+            if m is not None and draw is not None:
+                m.say(draw.next, draw.next, "words")
         return self._prefix_text[context]
 
     async def _template(self, context: int) -> tuple[str, int] | None:
@@ -367,4 +509,17 @@ class PromptFactory:
             head, k = template
             words, _ = await self.slot_words()
             return head, "".join(" " + rng.choice(words) for _ in range(k))
-        return "", await self._fit(await self._prefix(context) + "\n", context, rng, "")
+        m = self._material
+        draw = _Draw(rng, m, start=index * 8) if m is not None else None
+        return "", await self._fit(await self._prefix(context) + "\n", context, rng, "", draw)
+
+
+def _cycle(ids: list[int], start: int, n: int) -> list[int]:
+    """``n`` ids of ``ids`` from ``start``, from its beginning again past its end."""
+    out: list[int] = []
+    start %= len(ids)
+    while len(out) < n:
+        take = min(len(ids) - start, n - len(out))
+        out.extend(ids[start : start + take])
+        start = 0
+    return out

@@ -132,6 +132,7 @@ class ServerUnderTest:
                 min_duration=s.min_duration,
                 prefill_repeats=s.prefill_repeats,
                 text_prompts=s.prompt_form == "text",
+                prompt_text=s.prompt_text,
                 timeout=s.timeout,
                 kv_capacity=s.kv_capacity,
                 kv_capacity_source="--llm-kv-capacity",

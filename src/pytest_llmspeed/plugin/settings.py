@@ -163,6 +163,14 @@ OPTIONS: tuple[Option, ...] = (
         default="1",
     ),
     Option(
+        "prompt-text",
+        "make every prompt of this text: a UTF-8 text file, or a .jsonl dataset of prompts "
+        "(each line an object with a string prompt or text, a ShareGPT conversations list, "
+        "or a JSON string; joined with blank lines), sized exactly with the server's "
+        "tokenizer, so that speculative decoding's acceptance and prefix caching see your "
+        'text, not the fixed list\'s words (docs/workloads.md, "Your own text")',
+    ),
+    Option(
         "turns",
         "conversations of this many turns: a cell per context and concurrency "
         "(conversation[8K-u4-t3], marker conversation), as many users as the concurrency, in "
@@ -368,6 +376,8 @@ class Settings:
     rate_seed: int = 0
     trace: Any = None
     trace_speed: float = 1.0
+    #: --llm-prompt-text's material (core.prompt_text.PromptText, read at configure time)
+    prompt_text: Any = None
     #: conversation cells (docs/workloads.md, "Conversations"): turns (None: no cell), the new
     #: message's tokens, the answers' max_tokens, the seconds between turns
     turns: int | None = None
@@ -437,6 +447,7 @@ class Settings:
             "rate_seed": self.rate_seed if self.rates else None,
             "trace": self.trace.source if self.trace is not None else None,
             "trace_speed": self.trace_speed if self.trace is not None else None,
+            "prompt_text": self.prompt_text.source if self.prompt_text is not None else None,
             "turns": self.turns,
             "turn_tokens": self.turn_tokens if self.turns else None,
             "turn_output": self.turn_output if self.turns else None,
@@ -893,6 +904,13 @@ def _convert(key: str, value: str) -> Any:
         try:
             return read_trace(value)
         except TraceError as exc:  # its words name the file: the option's name is added
+            raise ValueError(exc.message.removeprefix(value + ": ")) from None
+    if key == "prompt_text":
+        from ..core.prompt_text import PromptTextError, read_prompt_text
+
+        try:
+            return read_prompt_text(value)
+        except PromptTextError as exc:  # its words name the file: the option's name is added
             raise ValueError(exc.message.removeprefix(value + ": ")) from None
     if key in ("duration", "timeout", "serve_timeout", "min_duration"):
         number = _float(value, "must be a positive number of seconds")

@@ -76,7 +76,8 @@ class SimOptions:
     #: rate (accepted / draft tokens; None: the profile's), the most requests running at once
     #: (vLLM --max-num-seqs; None: the profile's), a KV cache of this many tokens allocated as
     #: vLLM allocates it, preempting under pressure (None: reserve, never preempt)
-    accept: float | None = None
+    #: or "text": each request's from how predictable its prompt is (docs/simulator.md)
+    accept: float | str | None = None
     max_num_seqs: int | None = None
     kv_preempt: int | None = None
     #: expose vLLM's --enable-mfu-metrics counters (estimated read bytes per GPU)
@@ -107,7 +108,9 @@ class SimOptions:
             raise ValueError(f"stream_interval must be at least 1, got {self.stream_interval}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
-        if self.accept is not None and not 0 <= self.accept <= 1:
+        if isinstance(self.accept, str) and self.accept != "text":
+            raise ValueError(f"accept must be an acceptance rate or text, got {self.accept!r}")
+        if isinstance(self.accept, float | int) and not 0 <= self.accept <= 1:
             raise ValueError(f"accept must be an acceptance rate in [0, 1], got {self.accept}")
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
@@ -153,6 +156,11 @@ class SimOptions:
         return capacity // profile.block_size * profile.block_size
 
 
+def accept_value(value: str) -> float | str:
+    """``accept``: an acceptance rate, or ``text`` (each request's from its prompt)."""
+    return "text" if value.strip().lower() == "text" else float(value)
+
+
 def _flag(value: str) -> bool:
     """A switch in a simulator spec: ``mfu_metrics`` or ``mfu_metrics=1`` / ``true`` / ``0``."""
     if value.lower() in ("1", "true", "yes", ""):
@@ -177,7 +185,7 @@ _CONVERTERS: dict[str, Any] = {
     "replicas": int,
     "start_noise": float,
     "start_seed": int,
-    "accept": float,
+    "accept": accept_value,
     "max_num_seqs": int,
     "kv_preempt": int,
     "mfu_metrics": _flag,
@@ -218,7 +226,9 @@ def parse_sim_spec(spec: str) -> SimOptions:
         try:
             values[name] = _CONVERTERS[name](raw)
         except ValueError:
-            kind = {int: "an integer", _flag: "1 or 0"}.get(_CONVERTERS[name], "a number")
+            kind = {int: "an integer", _flag: "1 or 0", accept_value: "a number or text"}.get(
+                _CONVERTERS[name], "a number"
+            )
             raise ValueError(
                 f"bad value {raw!r} for simulator option {key!r} in {spec!r}: expected {kind}"
             ) from None
@@ -326,7 +336,7 @@ def cli_args(options: SimOptions) -> list[str]:
         ("--faults", options.faults),
         ("--quirks", options.quirks),
         ("--start-seed", options.start_seed),
-        ("--accept", None if options.accept is None else repr(options.accept)),
+        ("--accept", None if options.accept is None else str(options.accept)),
         ("--max-num-seqs", options.max_num_seqs),
         ("--kv-preempt", options.kv_preempt),
         ("--slower", options.slower),

@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 
-from . import QUIRKS, SimOptions
+from . import QUIRKS, SimOptions, accept_value
 from .faults import __doc__ as FAULTS_DOC
 from .profiles import PROFILES
 
@@ -64,11 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--accept",
-        type=float,
+        type=accept_value,
         default=None,
         metavar="RATE",
         help="drafts' acceptance rate, accepted / draft tokens, in [0, 1] "
-        "(default: the profile's); moves acceptance length only",
+        "(default: the profile's); moves acceptance length only; or text: each request's "
+        "from how predictable its prompt is (the share of its last 2,048 tokens' trigrams "
+        "seen earlier in it)",
     )
     parser.add_argument(
         "--max-num-seqs",

@@ -7,7 +7,10 @@ at time ``now``, waits the step's ``duration`` (real seconds in the server, virt
 Draft acceptance: each request walks a golden-ratio sequence u = frac(u0 + n * 0.618...) from a
 seeded u0, and a step accepts k drafts where u falls below the first k survival probabilities.
 So any few dozen steps of a stream hold the profile's mix of 1..1+k token steps (low variance,
-as real acceptance is over a long answer); ``--noise`` is the knob for randomness.
+as real acceptance is over a long answer); ``--noise`` is the knob for randomness. With
+``acceptance="text"`` (``--accept text``) each request's acceptance follows how predictable its
+prompt is instead of the profile (:func:`predictability`, :func:`text_acceptance`), as n-gram
+(prompt lookup) drafts accept more on text that repeats itself.
 
 Admission reserves a request's whole KV footprint (prompt + max_tokens, in blocks, minus prompt
 blocks already cached), so a running request never needs preempting; a request that does not
@@ -231,6 +234,8 @@ class SimRequest:
     anon_blocks: int = 0
     paused_until: float = 0.0
     spec_u: float = 0.0
+    #: the drafts' survival probabilities when they are the request's own (``--accept text``)
+    survival: tuple[float, ...] | None = None
     #: tokens to compute before the next token: the prompt, or after a preemption the prompt
     #: and the tokens generated before it
     prefill_target: int = 0
@@ -400,6 +405,32 @@ def start_factor(noise: float, seed: int | None = None) -> float:
     return math.exp(noise * z - noise * noise / 2)
 
 
+#: the prompt's last tokens whose trigrams :func:`predictability` looks up
+PREDICTABILITY_WINDOW = 2048
+#: the per-draft acceptance of a prompt none of whose trigrams repeat, and of one all of whose do
+TEXT_ACCEPT_MIN, TEXT_ACCEPT_MAX = 0.01, 0.9
+
+
+def predictability(ids: Sequence[int], window: int = PREDICTABILITY_WINDOW) -> float:
+    """The share of the trigrams ending in the prompt's last ``window`` tokens that appeared
+    earlier in the prompt: 0 for text that never repeats three tokens, near 1 for a paragraph
+    repeated. One sort of the prompt's trigrams (numpy): about 20 ms for 256K tokens."""
+    if len(ids) < 4:
+        return 0.0
+    a = np.asarray(ids, dtype=np.int64) & 0x1FFFFF  # 21 bits each: one int64 per trigram
+    grams = (a[:-2] << 42) | (a[1:-1] << 21) | a[2:]
+    _, first, where = np.unique(grams, return_index=True, return_inverse=True)
+    start = max(1, grams.size - window)
+    seen = first[where[start:]] < np.arange(start, grams.size)
+    return float(seen.mean())
+
+
+def text_acceptance(share: float) -> float:
+    """The per-draft conditional acceptance of a prompt of :func:`predictability` ``share``:
+    linear from :data:`TEXT_ACCEPT_MIN` to :data:`TEXT_ACCEPT_MAX`."""
+    return TEXT_ACCEPT_MIN + (TEXT_ACCEPT_MAX - TEXT_ACCEPT_MIN) * share
+
+
 def conditional_acceptance(rate: float, drafts: int) -> float:
     """The per-draft acceptance ``a`` (draft i accepted with probability ``a`` when the drafts
     before it were) that makes ``accepted / draft tokens = (a + a² + … + a^drafts) / drafts``
@@ -422,7 +453,8 @@ class EngineCore:
     """Scheduler + step-time model + KV cache of one simulated vLLM engine.
 
     ``max_num_seqs`` (None: the profile's) caps the running requests; ``acceptance`` (None: the
-    profile's ``draft_acceptance``) sets the drafts' acceptance rate, accepted / draft tokens;
+    profile's ``draft_acceptance``) sets the drafts' acceptance rate, accepted / draft tokens, or
+    with ``"text"`` each request's from its prompt's :func:`predictability`;
     ``preempt`` allocates KV blocks as vLLM does, preempting under pressure (see the module).
     """
 
@@ -435,7 +467,7 @@ class EngineCore:
         noise: float = 0.0,
         seed: int = 0,
         max_num_seqs: int | None = None,
-        acceptance: float | None = None,
+        acceptance: float | str | None = None,
         preempt: bool = False,
         drift: Drift | None = None,
         slower: dict[str, float] | None = None,
@@ -458,7 +490,8 @@ class EngineCore:
         self.rng = np.random.default_rng([seed, 0])
         self.noise_rng = np.random.default_rng([seed, 1])
         k = p.num_speculative_tokens
-        if acceptance is None:
+        self.text_accept = acceptance == "text"
+        if acceptance is None or isinstance(acceptance, str):
             conditional = tuple(p.draft_acceptance[:k])
         else:
             conditional = (conditional_acceptance(acceptance, k),) * k
@@ -491,6 +524,9 @@ class EngineCore:
         else:
             req.stop_at = req.min_tokens + int(self.rng.geometric(p.eos_probability))
         req.spec_u = float(self.rng.random())
+        if self.text_accept and self._survival:
+            a = text_acceptance(predictability(req.prompt_ids))
+            req.survival = tuple(a ** (i + 1) for i in range(len(self._survival)))
         req.state = WAITING
         heapq.heappush(self.pending, (req.ready_at, req.seq, req))
 
@@ -745,7 +781,7 @@ class EngineCore:
             for req in decode:
                 u = req.spec_u = (req.spec_u + GOLDEN) % 1.0
                 k = 0
-                for s in survival:
+                for s in req.survival or survival:
                     if u >= s:
                         break
                     k += 1
