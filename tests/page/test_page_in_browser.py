@@ -100,6 +100,21 @@ def page(tmp_path_factory):
     return work / "out" / "page.html"
 
 
+def plugin_page(tmp_path, *args):
+    """Run the plugin on the simulator with ``args`` in a folder of its own, its page written;
+    the DOM of the page as headless Chromium loads it, the console's lines, and the URLs it
+    asked for (:func:`open_page`)."""
+    work = tmp_path / "run"
+    work.mkdir()
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-W", "ignore", *args,
+         "--llm-html=page.html"],
+        cwd=work, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:]
+    return open_page(tmp_path, (work / "page.html").as_uri())
+
+
 def open_page(tmp_path, uri):
     """The DOM after load, the console's lines, and the URLs the page itself asked for: in the
     net log, requests made for a file:// page carry its network isolation key; the browser's

@@ -213,11 +213,17 @@ def test_a_replayed_trace_is_re_measured_on_fresh_starts_and_gated(pytester):
     assert cell["baseline"] == "regressed" and len(cell["attempts"]) >= 2  # re-measured
 
 
-def test_the_capacity_as_a_rate_is_the_highest_rate_that_meets_the_objectives(pytester):
+def test_the_capacity_as_a_rate_is_the_highest_rate_that_meets_the_objectives(
+    pytester, monkeypatch
+):
     """One running request at a time, a quarter of the simulator's speed: 1 request a second
     meets TTFT ≤ 1 s from the schedule; 32 a second queue for seconds and miss it. The
-    capacity as a rate is 1/s, in the terminal, the results file and JUnit."""
+    capacity as a rate is 1/s, in the terminal, the results file, JUnit and the job summary
+    (the page's: tests/page/test_rate_page.py)."""
     from xml.etree import ElementTree
+
+    summary = pytester.path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
 
     result = pytester.runpytest(
         "--llm-endpoint=sim:tiny?speed=0.25&max_num_seqs=1",
@@ -244,3 +250,6 @@ def test_the_capacity_as_a_rate_is_the_highest_rate_that_meets_the_objectives(py
     assert suite is not None
     props = {p.get("name"): p.get("value") for p in suite.iterfind("properties/property")}
     assert props["llmspeed_rate_capacity[1K]"] == "1.0"
+    md = summary.read_text()
+    assert "**Capacity as an arrival rate at `ttft<=1s`** (the highest rate" in md
+    assert "\n- 1K: 1 request/s (32/s misses ttft: " in md

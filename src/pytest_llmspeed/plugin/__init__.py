@@ -543,7 +543,14 @@ def pytest_terminal_summary(
     if step_summary:
         # the server's strings in the title escaped: they can add no heading, link or HTML
         title = run.server.header(markdown_inline)[0].removeprefix("llmspeed server: ")
-        text = summary(f"LLM speed: {title}", cells, store.notes, objectives, info.capacity)
+        text = summary(
+            f"LLM speed: {title}",
+            cells,
+            store.notes,
+            objectives,
+            info.capacity,
+            info.rate_capacity,
+        )
         if comparison is not None and s.compare:
             from ..report.compare import markdown
 

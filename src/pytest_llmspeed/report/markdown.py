@@ -13,6 +13,7 @@ from ..gate.verdict import counted
 from ..results import CellRecord, Outcome, Phase, Status, order_contexts
 from .notes import by_kind, which
 from .slo import markdown as slo_markdown
+from .slo import rate_markdown
 from .terminal import fmt_ms, fmt_rate, replica_line
 
 
@@ -22,6 +23,7 @@ def summary(
     notes: list[str],
     objectives: str | None = None,
     capacity: Mapping[str, Mapping[str, Any]] | None = None,
+    rate_capacity: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
     """The step summary: prefill table, decode matrix, the capacity at the objectives, the
     gate's verdicts counted, the regressions, the figures too noisy to tell, the run's
@@ -82,6 +84,7 @@ def summary(
         if replicas:
             lines += ["**Per replica** (total tok/s of each)", "", *replicas, ""]
         lines += slo_markdown(objectives, capacity or {}, decode)
+    lines += rate_markdown(objectives, rate_capacity or {})
     counts = counted(cells)
     if counts:
         lines += [f"**Against the baseline**: {counts}", ""]

@@ -142,6 +142,20 @@ def _capacity(results: Results) -> dict[str, Any] | None:
     return {"objectives": objectives, "rows": rows}
 
 
+def _rate_capacity(results: Results) -> dict[str, Any] | None:
+    """The rate capacity section: the objectives, a line per context (``RateCapacity.line``)."""
+    from ..gate.slo import RateCapacity
+
+    objectives = results.run.settings.get("slo")
+    if not objectives or not results.run.rate_capacity:
+        return None
+    lines = [
+        RateCapacity(context, e.get("rate"), e.get("stopped_by")).line()
+        for context, e in results.run.rate_capacity.items()
+    ]
+    return {"objectives": objectives, "lines": lines}
+
+
 def _span(labels: list[str]) -> str:
     return labels[0] if len(labels) == 1 else f"{labels[0]}–{labels[-1]}"
 
@@ -298,35 +312,66 @@ def _charts(results: Results) -> list[str]:
     def conc(x: float) -> str:
         return f"{x:g}"
 
-    charts = [
-        line_chart(
-            "Total tok/s against requests in flight",
-            by_context("total_tok_s"),
-            "requests in flight (log₂)",
-            "total output tok/s",
-            log2_x=True,
-            x_format=conc,
-            y_unit=" tok/s",
-        ),
-        line_chart(
-            "Per-request tok/s against requests in flight",
-            by_context("per_request_tok_s"),
-            "requests in flight (log₂)",
-            "tok/s seen by one request",
-            log2_x=True,
-            x_format=conc,
-            y_unit=" tok/s",
-        ),
-        line_chart(
-            "Decode TTFT against requests in flight (warm prefix)",
-            by_context("ttft_ms"),
-            "requests in flight (log₂)",
-            "median TTFT (ms)",
-            log2_x=True,
-            x_format=conc,
-            y_unit=" ms",
-        ),
-    ]
+    charts = (
+        []
+        if not decode
+        else [
+            line_chart(
+                "Total tok/s against requests in flight",
+                by_context("total_tok_s"),
+                "requests in flight (log₂)",
+                "total output tok/s",
+                log2_x=True,
+                x_format=conc,
+                y_unit=" tok/s",
+            ),
+            line_chart(
+                "Per-request tok/s against requests in flight",
+                by_context("per_request_tok_s"),
+                "requests in flight (log₂)",
+                "tok/s seen by one request",
+                log2_x=True,
+                x_format=conc,
+                y_unit=" tok/s",
+            ),
+            line_chart(
+                "Decode TTFT against requests in flight (warm prefix)",
+                by_context("ttft_ms"),
+                "requests in flight (log₂)",
+                "median TTFT (ms)",
+                log2_x=True,
+                x_format=conc,
+                y_unit=" ms",
+            ),
+        ]
+    )
+    rates = [c for c in results.phase(Phase.RATE) if c.measured and c.id.rate]
+    if rates:  # open loop: latency from the schedule as the offered rate rises, per context
+
+        def per_s(x: float) -> str:
+            return f"{x:g}/s"
+
+        charts.append(
+            line_chart(
+                "TTFT from the schedule against the arrival rate (open loop)",
+                [
+                    Series(
+                        ctx,
+                        tuple(
+                            (float(c.id.rate or 0.0), float(c.sched_ttft_ms))
+                            for c in sorted(rates, key=lambda c: c.id.rate or 0.0)
+                            if c.context == ctx and c.sched_ttft_ms is not None
+                        ),
+                    )
+                    for ctx in order_contexts(rates)
+                ],
+                "arrival rate, requests/s (log₂)",
+                "median TTFT from the scheduled send (ms)",
+                log2_x=True,
+                x_format=per_s,
+                y_unit=" ms",
+            )
+        )
     if prefill:
         ordered = sorted(prefill, key=lambda c: c.context_tokens or 0)
         tokens = [float(c.context_tokens or 0) for c in ordered]
@@ -507,6 +552,7 @@ def render_page(results: Results, comparison: Comparison | None = None) -> Page:
         matrix_rows=matrix_rows,
         over_capacity=any(c.status is Status.OVER_CAPACITY for c in decode),
         capacity=_capacity(results),
+        rate_capacity=_rate_capacity(results),
         charts=[_markup(c) for c in _charts(results)],
         details_header=_details_header(),
         details_rows=_details(cells),

@@ -79,6 +79,24 @@ def markdown(
     return [*out, ""]
 
 
+def rate_markdown(
+    objectives: str | None, rate_capacity: Mapping[str, Mapping[str, Any]]
+) -> list[str]:
+    """The job summary's capacity as an arrival rate (Markdown lines), or none."""
+    if not objectives or not rate_capacity:
+        return []
+    return [
+        f"**Capacity as an arrival rate at `{objectives}`** (the highest rate, open loop, "
+        "that meets them; latencies from the scheduled send)",
+        "",
+        *(
+            "- " + RateCapacity(context, e.get("rate"), e.get("stopped_by")).line()
+            for context, e in rate_capacity.items()
+        ),
+        "",
+    ]
+
+
 def rate_lines(objectives: str | None, rate_capacity: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """The terminal's rate capacity: a heading naming the objectives, then per context the
     highest arrival rate up to which every rate cell meets them (``RateCapacity.line``)."""
