@@ -41,6 +41,11 @@ page again.
     python -m benchmarks.studies.ab_vs_stored                      # about 30-35 minutes
     python -m benchmarks.studies.ab_vs_stored --quick              # one trial of each, a smoke test
     python -m benchmarks.studies.ab_vs_stored --only b --trials 20
+    python -m benchmarks.studies.ab_vs_stored --only b --prior 3   # (b) with earlier A/Bs
+
+With ``--prior K``, K unchanged A/Bs run first (their own drift seeds; ``work/prior/``), and
+every A/B of (b) takes their results files as ``--llm-ab-prior`` (docs/gate.md, "A prior
+from earlier A/Bs"), as a nightly job keeps its last A/Bs.
 """
 
 from __future__ import annotations
@@ -348,6 +353,7 @@ def trial_b(
                 f"--llm-serve-baseline={sim_command(args, seed, 0.0)}",
                 f"--llm-tolerance={args.tolerance:g}",
                 "--llm-results=r.json",
+                *([f"--llm-ab-prior={','.join(args.prior_files)}"] if args.prior_files else []),
             ],
         )
     try:
@@ -355,6 +361,26 @@ def trial_b(
     except (OSError, ValueError, KeyError) as exc:
         rec.error = f"results unreadable: {exc}"
     sched.add(rec)
+
+
+def prior_run(args: argparse.Namespace, sched: Schedule, work: Path, k: int) -> Path | None:
+    """One unchanged A/B whose results file is a prior of (b)'s A/Bs (None: it failed)."""
+    seed = args.seed + 9000 + k
+    sub = work / "prior" / f"p{k}"
+    with sched.slots.slot(OTHER):
+        rc, wall = pytest_run(
+            sub,
+            [
+                *matrix(args),
+                f"--llm-serve={sim_command(args, seed, 0.0)}",
+                f"--llm-serve-baseline={sim_command(args, seed, 0.0)}",
+                f"--llm-tolerance={args.tolerance:g}",
+                "--llm-results=r.json",
+            ],
+        )
+    print(f"[{TAG}] prior {k}: rc {rc}, {wall:.0f} s", flush=True)
+    path = sub / "r.json"
+    return path if rc in (0, 1) and path.exists() else None
 
 
 # -- the page --------------------------------------------------------------------------------
@@ -519,7 +545,15 @@ def page(meta: dict[str, Any], records: list[RunRecord]) -> list[str]:
         "- **(b) the A/B**: `pytest --llm-serve=NEW --llm-serve-baseline=OLD "
         f"--llm-tolerance={a['tolerance']:g} --llm-results=r.json` (at most "
         "`--llm-ab-rounds=16`, no budget). Verdicts from `ab.cells[].figures[].verdict`, "
-        "starts from `ab.cells[].starts`.",
+        "starts from `ab.cells[].starts`."
+        + (
+            f" With `--llm-ab-prior` of {len(meta['prior_files'])} earlier unchanged A/Bs "
+            "of the same matrix (their own drift seeds), run first: "
+            + ", ".join(f"`{p}`" for p in meta["prior_files"])
+            + " (their starts not counted in the starts per cell)."
+            if meta.get("prior_files")
+            else ""
+        ),
         "",
         "## The figures",
         "",
@@ -768,6 +802,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallel", type=int, default=3, help="runs at once")
     ap.add_argument("--max-minutes", type=float, default=32.0, help="no run starts after")
     ap.add_argument("--seed", type=int, default=3100)
+    ap.add_argument("--prior", type=int, default=0, help="(b): earlier A/Bs as --llm-ab-prior")
     ap.add_argument("--work", type=Path, help="keep every run's folder here")
     ap.add_argument("--markdown", type=Path, default=RESULTS / "ab_vs_stored.md")
     ap.add_argument("--rerender", type=Path, help="write the page again from a raw.json")
@@ -791,6 +826,11 @@ def main(argv: list[str] | None = None) -> int:
     others = OtherCores()
     others.__enter__()
     sched = Schedule(args.parallel, t0 + 60 * args.max_minutes, t0)
+    args.prior_files = []
+    if args.prior:
+        with ThreadPoolExecutor(args.prior) as ex:
+            found = list(ex.map(lambda k: prior_run(args, sched, work, k), range(args.prior)))
+        args.prior_files = [str(p) for p in found if p is not None]
     jobs: list[tuple[Any, ...]] = []
     for trial in range(args.trials):  # trial-major: every version progresses alike
         if args.only != "b":
@@ -833,6 +873,7 @@ def main(argv: list[str] | None = None) -> int:
         "any_passed": any(v == "passed" for r in records for _, _, v, _, _ in r.checks),
         "skipped": dict(sched.skipped),
         "outliers": outlier_rounds(work),
+        "prior_files": [str(Path(p).relative_to(work)) for p in args.prior_files],
     }
     (work / "raw.json").write_text(
         json.dumps({"meta": meta, "records": [asdict(r) for r in records]}, indent=1)
