@@ -44,6 +44,10 @@ ERROR_BODY_LIMIT = 64 << 10
 #: far below any real server's per-request rate (docs/trust.md)
 FLOOR_TOK_S = 1.0
 _MAX_TOKENS = re.compile(rb'"max_tokens":\s*(\d{1,9})')
+#: a request body that offers tools (``--llm-tools``), looked for in its last bytes, where a
+#: body the plugin encodes has its fields (core/prompts.py, ``Prompt.encode``)
+_TOOL_CHOICE = b'"tool_choice"'
+_FIELDS_TAIL = 4096
 #: answers are asked for, and read, uncompressed: aiohttp inflates a whole read at once before
 #: any cap can look at it (64 KB of gzip is 64 MB), so a compressed answer is refused instead
 #: (:func:`refuse_encoding`)
@@ -506,12 +510,15 @@ async def stream_request(
         }
         asked = _MAX_TOKENS.search(payload)
         max_tokens = int(asked.group(1)) if asked else None
+        tools = _TOOL_CHOICE in payload[-_FIELDS_TAIL:]  # the fields follow the prompt
     else:
         kwargs = {"json": payload, "headers": conn.headers}
         value = payload.get("max_tokens")
         max_tokens = value if isinstance(value, int) else None
+        tools = "tool_choice" in payload
     tally = rec.tally
     tally.chat = path.endswith("/chat/completions")
+    tally.tools = tally.chat and tools
     if max_tokens is not None and max_tokens > 0:
         tally.limit = min(tally.limit, max_tokens)  # a count above it is not a count
     reads = rec.reads if rec.keep_reads else None

@@ -245,7 +245,7 @@ class StreamTally:
         "answer_time", "broken", "carry", "chat", "chunks", "completion_tokens", "cr",
         "details_reasoning", "done", "error", "error_event", "fast", "fed", "finish_reason",
         "limit", "mixed_chunks", "prev", "prompt_tokens", "reasoning_chunks", "reasoning_rise",
-        "seen_token", "text", "text_times", "token_chunks", "tool_deltas", "usage_chunks",
+        "seen_token", "text", "text_times", "token_chunks", "tool_deltas", "tools", "usage_chunks",
         "usage_counts", "usage_times",
     )  # fmt: skip
 
@@ -275,6 +275,9 @@ class StreamTally:
         #: a chat stream: its reads counted without a parse are searched for a change of
         #: phase between reasoning and answer (docs/metrics.md, "Reasoning and answer")
         self.chat = False
+        #: the request offered tools (``tool_choice``): its reads are searched for tool calls
+        #: too; a stream that was offered none is searched only for the change of phase
+        self.tools = False
         self.answer_time: float | None = None  # the first answer text or tool call arrived
         self.reasoning_chunks = 0  # chunks that carried reasoning text and no answer
         self.mixed_chunks = 0  # chunks that carried both (their tokens count as answer)
@@ -394,14 +397,15 @@ class StreamTally:
             return False  # a count that falls, or out of range: the exact parse refuses it
         reasoning = False
         if self.chat:
-            if self.reasoning_phase:
+            # one search of the read (two where the request offered tools): ~1 ns a byte
+            if self.reasoning_chunks and self.answer_time is None:
                 # reasoning until an answer's text or tool call: that read is parsed
-                if _TOOL_CALLS in data or (
-                    _CONTENT in data and data.count(_CONTENT) != data.count(_NO_CONTENT)
+                if (_CONTENT in data and data.count(_CONTENT) != data.count(_NO_CONTENT)) or (
+                    self.tools and _TOOL_CALLS in data
                 ):
                     return False
                 reasoning = True
-            elif _REASONING in data or _TOOL_CALLS in data:
+            elif _REASONING in data or (self.tools and _TOOL_CALLS in data):
                 return False  # reasoning, or a tool call, after the answer began: parsed
         chunks = usages - end.count(_NO_CHOICE)
         self.chunks += chunks
