@@ -150,6 +150,21 @@ FIGURES: tuple[Figure, ...] = (
         listed=True,
     ),
     _F("bandwidth_from", "decode", "bandwidth from", kind=str, optional=True),
+    # reasoning and answer, chat only (docs/metrics.md, "Reasoning and answer"): written where
+    # a request of the cell carried reasoning (tool-call deltas: where one came)
+    _F(
+        "answer_ttft_ms",
+        "decode",
+        "time to first answer token ms",
+        "ms",
+        digits=2,
+        optional=True,
+        listed=True,
+    ),
+    _F("reasoning_tokens", "decode", "reasoning tokens", kind=int, optional=True, listed=True),
+    _F("answer_tokens", "decode", "answer tokens", kind=int, optional=True, listed=True),
+    _F("reasoning_from", "decode", "reasoning counted from", kind=str, optional=True, listed=True),
+    _F("tool_call_deltas", "decode", "tool-call deltas", kind=int, optional=True, listed=True),
     # open-loop cells (docs/workloads.md): latencies from each request's scheduled send, and
     # from its actual send beside them
     _F(

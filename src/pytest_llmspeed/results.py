@@ -927,6 +927,14 @@ class CellRecord:
     read_gb_s: float | None = None
     bandwidth_share: float | None = None
     bandwidth_from: str | None = None
+    #: reasoning and answer, chat only (docs/metrics.md, "Reasoning and answer"): the median
+    #: time to the first answer token, the tokens of each over the cell's requests, how they
+    #: were told apart ("server", "stream", "estimate"); the tool-call deltas received
+    answer_ttft_ms: float | None = None
+    reasoning_tokens: int | None = None
+    answer_tokens: int | None = None
+    reasoning_from: str | None = None
+    tool_call_deltas: int | None = None
     #: total tok/s of each replica, when the server is several replicas (written when set)
     replica_tok_s: tuple[float, ...] | None = None
     #: open-loop cells (rate, trace: docs/workloads.md): latencies from each request's

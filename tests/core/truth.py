@@ -49,6 +49,8 @@ class Matched:
     sent: list[tuple[float, int]]  # server: (time written, tokens) per chunk the client got
     got: list[float]  # client: arrival of each of those chunks
     complete: bool  # the client read the whole stream ([DONE])
+    record: Any = None  # the client's StreamRecord
+    server: dict[str, Any] | None = None  # the simulator's record of the request
 
     @property
     def trip_in(self) -> float:
@@ -101,7 +103,7 @@ def _client_chunks(reads: list[tuple[float, bytes]]) -> tuple[str | None, list[f
                 continue
             if rid is None:
                 rid = json.loads(payload)["id"]
-            if b'"choices":[{' in payload:
+            if b'"choices":[{' in payload and b'"delta":{"role"' not in payload:
                 times.append(t)
     return rid, times, done
 
@@ -121,8 +123,9 @@ def match(records: list[Any], trace: list[dict[str, Any]]) -> list[Matched]:
         if done:
             assert len(got) == len(chunks), rid
         m = Matched(
-            rid, rec.t_send, server["arrival"], [(t, n) for t, n in chunks[: len(got)]], got, done
-        )
+            rid, rec.t_send, server["arrival"], [(t, n) for t, n in chunks[: len(got)]], got, done,
+            rec, server,
+        )  # fmt: skip
         assert m.trip_in >= -CLOCK_SLACK_S, (rid, m.trip_in)
         assert min(m.trips_out) >= -CLOCK_SLACK_S, (rid, min(m.trips_out))
         out.append(m)
@@ -195,11 +198,13 @@ async def measure(
     duration: float = 3.0,
     concurrency: int = 4,
     context: int = 1024,
+    api: str = "completions",
+    tools: bool = False,
     **decode: Any,
 ) -> tuple[DecodeResult, list[Matched]]:
     """One decode cell at ``context`` (its prefix warmed first) against the simulator at
     ``url``, and its requests matched with the simulator's trace of the cell. ``decode``: more
-    of ``run_decode``'s options."""
+    of ``run_decode``'s options. ``api``: "completions" or "chat" (``tools``: --llm-tools)."""
     from pytest_llmspeed.core.client import Connection
     from pytest_llmspeed.core.probe import probe
     from pytest_llmspeed.core.prompts import PromptFactory
@@ -208,8 +213,9 @@ async def measure(
     conn = Connection.open(url, None, 60)
     try:
         server = await probe(conn, None, None)
-        factory = PromptFactory(conn, server.model)
-        dialect = await negotiate(conn, factory, server.model, "completions")
+        factory = PromptFactory(conn, server.model, api=api)
+        dialect = await negotiate(conn, factory, server.model, api)
+        dialect.tools = tools
         await run_prefill(conn, factory, dialect, server.model, context, 16)
         await conn.session.delete(conn.url("/sim/trace"))
         result = await run_decode(

@@ -4,6 +4,7 @@ lists figures, with nothing else changed but the record's typed field."""
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -205,9 +206,19 @@ def test_the_headline_figure_compare_reads_is_the_lists():
     assert headline(record) == ("total_tok_s", record.total_tok_s)
 
 
+#: the decode cells' listed figures: the bandwidth bound's, reasoning and tool calls'
+DECODE_LISTED = (
+    "read_gb_s", "bandwidth_share", "answer_ttft_ms", "reasoning_tokens", "answer_tokens",
+    "reasoning_from", "tool_call_deltas",
+)  # fmt: skip
+
+
+NO_LISTED: dict[str, Any] = dict.fromkeys(DECODE_LISTED)
+
+
 def test_a_listed_figure_is_in_the_terminal_with_v_and_on_the_page(added):
-    # the list's own listed figures (the bandwidth bound) are left out of these cells
-    added = dataclasses.replace(added, read_gb_s=None, bandwidth_share=None)
+    # the list's own listed figures (the bandwidth bound, reasoning) are left out of these cells
+    added = dataclasses.replace(added, **NO_LISTED)
     others = dataclasses.replace(added, id=CellId.decode(2048, 8), made_up_steps=None)
     cells = [added, others]
     lines = render(cells, 120, True, [])
@@ -227,7 +238,7 @@ def test_a_listed_figure_is_in_the_terminal_with_v_and_on_the_page(added):
 def test_without_a_listed_figure_there_is_no_such_table():
     record = full_record(Phase.DECODE)
     listed = [f.key for f in figures.listed() if f.phase not in ("open", "conversation")]
-    assert listed == ["read_gb_s", "bandwidth_share"]
-    record = dataclasses.replace(record, read_gb_s=None, bandwidth_share=None)
+    assert listed == list(DECODE_LISTED)
+    record = dataclasses.replace(record, **NO_LISTED)
     assert "More figures" not in render([record], 120, True, [])
     assert "more-figures" not in render_page(Results(RUN, (record,))).html

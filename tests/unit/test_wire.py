@@ -200,3 +200,59 @@ def test_a_counted_stream_of_text_beyond_ascii_is_counted():
     tally.feed(3.0, raw)
     assert tally.fast and tally.completion_tokens == 4
     assert list(tally.usage_counts) == [1, 1, 2]  # one entry a read
+
+
+def chat_event(n: int, **delta: object) -> bytes:
+    """A chat chunk as vLLM writes it (compact JSON, continuous usage)."""
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+    return event({"choices": [choice], "usage": {"completion_tokens": n}}, compact=True)
+
+
+def chat_tally(reads: list[bytes], tools: bool = False) -> StreamTally:
+    tally = StreamTally()
+    tally.chat, tally.tools = True, tools
+    for i, data in enumerate(reads):
+        tally.feed(float(i + 1), data)
+    tally.close()
+    return tally
+
+
+def test_reasoning_and_answer_are_told_apart_on_the_fast_path():
+    """Reasoning, its answer, reasoning again, a tool call: the reads counted without a parse
+    (most of them) give the split a parse of every event gives, and the first answer's time."""
+    reads = [
+        chat_event(1, reasoning_content="a"),
+        chat_event(2, reasoning_content="b"),
+        chat_event(4, reasoning_content="cd"),
+        chat_event(5, content=""),  # a token without text while reasoning: the reasoning's
+        chat_event(6, content="e"),
+        chat_event(8, content="fg"),
+        chat_event(9, reasoning="h"),  # reasoning after the answer began: parsed, counted
+        chat_event(10, content="i"),
+        chat_event(11, tool_calls=[{"index": 0, "function": {"arguments": "{"}}]),
+        chat_event(12, content="j"),
+    ]
+    tally = chat_tally(reads, tools=True)
+    assert tally.fast and tally.broken is None
+    assert tally.reasoning_rise == 6 and tally.completion_tokens == 12
+    assert tally.answer_time == 5.0 and tally.tool_deltas == 1
+    together = chat_tally([b"".join(reads[:4]), b"".join(reads[4:])], tools=True)
+    assert together.reasoning_rise == 6  # read together: the same split
+    assert together.answer_time == 2.0 and together.tool_deltas == 1
+
+
+def test_a_chunk_with_reasoning_and_answer_counts_as_answer():
+    tally = chat_tally(
+        [chat_event(1, reasoning_content="a"), chat_event(3, reasoning_content="b", content="c")]
+    )
+    assert (tally.reasoning_rise, tally.mixed_chunks, tally.answer_time) == (1, 1, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("calls", "words"),
+    [("x", "not a list"), (["x"], 'choices[].delta.tool_calls[] is "x" (a string)')],
+)
+def test_a_tool_call_that_is_not_an_object_breaks_the_stream(calls, words):
+    with pytest.raises(MalformedAnswer) as err:
+        chat_tally([chat_event(1, content="a"), chat_event(2, tool_calls=calls)], tools=True)
+    assert words in f"{err.value.field} {err.value.what}"

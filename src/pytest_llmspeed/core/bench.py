@@ -162,6 +162,8 @@ class BenchConfig:
     #: the next cells when a cell's busiest process used more than AUTO_CPU_SHARE of a core or
     #: fell behind)
     client_processes: int | str = 1
+    #: chat requests offer one function with tool_choice "required" (``--llm-tools``)
+    tools: bool = False
 
     def __post_init__(self) -> None:
         self.api_key = secret(self.api_key)  # a plain string from a script: a Secret too
@@ -297,6 +299,7 @@ class Bench:
             material=cfg.prompt_text,
         )
         self.dialect = await negotiate(self.conn, self.factory, self.server.model, cfg.api)
+        self.dialect.tools = cfg.tools and cfg.api == "chat"
 
     def close(self) -> None:
         """Close the connection, stop the simulator this bench started, end the event

@@ -44,6 +44,10 @@ ERROR_BODY_LIMIT = 64 << 10
 #: far below any real server's per-request rate (docs/trust.md)
 FLOOR_TOK_S = 1.0
 _MAX_TOKENS = re.compile(rb'"max_tokens":\s*(\d{1,9})')
+#: a request body that offers tools (``--llm-tools``), looked for in its last bytes, where a
+#: body the plugin encodes has its fields (core/prompts.py, ``Prompt.encode``)
+_TOOL_CHOICE = b'"tool_choice"'
+_FIELDS_TAIL = 4096
 #: answers are asked for, and read, uncompressed: aiohttp inflates a whole read at once before
 #: any cap can look at it (64 KB of gzip is 64 MB), so a compressed answer is refused instead
 #: (:func:`refuse_encoding`)
@@ -357,6 +361,14 @@ class StreamRecord:
     count_method: str | None = None  # USAGE, FINAL_USAGE, MAX_TOKENS, RATIO; None: unknown
     tokenized: int | None = None  # tokens of the text received, by the server's tokenizer
     finished: bool = False  # the stream ended normally ([DONE] or a finish_reason)
+    #: reasoning and answer (docs/metrics.md, "Reasoning and answer"): the first answer text
+    #: or tool call's arrival; the tokens of each (None: the stream sent no reasoning), and
+    #: how they were told apart (REASONING_SERVER, REASONING_STREAM, REASONING_ESTIMATE)
+    t_answer: float | None = None
+    reasoning_tokens: int | None = None
+    answer_tokens: int | None = None
+    reasoning_from: str | None = None
+    tool_call_deltas: int = 0  # choices[].delta.tool_calls entries received
 
     @property
     def n_tokens(self) -> int:
@@ -377,6 +389,41 @@ RATIO = "ratio"  # cut at the window's end: the cell's tokens per chunk (an esti
 TOKENIZE = "tokenize"  # cut, no request finished: the server's tokenizer on the text received
 CHUNK_COUNT = "chunk-count"  # nothing better: one token per chunk (an estimate)
 EXACT = (USAGE, FINAL_USAGE, MAX_TOKENS)
+
+#: how a request's reasoning tokens were told from its answer's, best first
+REASONING_SERVER = "server"  # usage.completion_tokens_details.reasoning_tokens: exact
+REASONING_STREAM = "stream"  # each chunk's usage rise, by the text it carried: exact
+#: a chunk carried both (its tokens counted as answer), or no usage on every chunk (the total
+#: shared by the chunks of each kind)
+REASONING_ESTIMATE = "estimate"
+REASONING_ORDER = (REASONING_SERVER, REASONING_STREAM, REASONING_ESTIMATE)
+
+
+def split_reasoning(rec: StreamRecord) -> None:
+    """The request's reasoning and answer tokens, from its counted stream: the server's
+    ``reasoning_tokens`` where it sent them, else the stream's usage rises by the text each
+    chunk carried, else its total shared by the chunks of each kind. None where the stream
+    carried no reasoning (no reasoning text, no reasoning_tokens above 0)."""
+    tally = rec.tally
+    rec.t_answer = tally.answer_time
+    rec.tool_call_deltas = tally.tool_deltas
+    details = tally.details_reasoning
+    if not tally.reasoning_chunks and not tally.mixed_chunks and not details:
+        rec.reasoning_tokens = rec.answer_tokens = rec.reasoning_from = None
+        return
+    total = rec.n_tokens
+    if details is not None and rec.completion_tokens is not None:
+        reasoning, how = details, REASONING_SERVER
+        total = rec.completion_tokens
+    elif rec.count_method == USAGE:
+        reasoning = tally.reasoning_rise
+        how = REASONING_ESTIMATE if tally.mixed_chunks else REASONING_STREAM
+    else:
+        chunks = len(tally.text_times) or 1
+        reasoning = min(round(total * tally.reasoning_chunks / chunks), total)
+        how = REASONING_ESTIMATE
+    rec.reasoning_tokens, rec.answer_tokens = reasoning, max(total - reasoning, 0)
+    rec.reasoning_from = how
 
 
 def spread(total: int, chunks: int) -> list[int]:
@@ -401,7 +448,7 @@ def account_tokens(rec: StreamRecord, max_tokens: int | None = None) -> StreamRe
     """
     parsed = rec.tally
     if rec.reads and not parsed.fed:  # made from recorded reads
-        parsed = rec.tally = parse_stream(rec.reads)
+        parsed = rec.tally = parse_stream(rec.reads, chat=rec.tally.chat)
     else:
         parsed.close(cut=rec.cancelled)
     if parsed.error is not None:
@@ -437,6 +484,7 @@ def account_tokens(rec: StreamRecord, max_tokens: int | None = None) -> StreamRe
             rec.token_counts = [1] * len(parsed.text_times)
     if rec.token_times:
         rec.t_first = rec.token_times[0]
+    split_reasoning(rec)
     return rec
 
 
@@ -462,11 +510,15 @@ async def stream_request(
         }
         asked = _MAX_TOKENS.search(payload)
         max_tokens = int(asked.group(1)) if asked else None
+        tools = _TOOL_CHOICE in payload[-_FIELDS_TAIL:]  # the fields follow the prompt
     else:
         kwargs = {"json": payload, "headers": conn.headers}
         value = payload.get("max_tokens")
         max_tokens = value if isinstance(value, int) else None
+        tools = "tool_choice" in payload
     tally = rec.tally
+    tally.chat = path.endswith("/chat/completions")
+    tally.tools = tally.chat and tools
     if max_tokens is not None and max_tokens > 0:
         tally.limit = min(tally.limit, max_tokens)  # a count above it is not a count
     reads = rec.reads if rec.keep_reads else None

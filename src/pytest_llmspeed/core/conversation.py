@@ -117,7 +117,7 @@ def parse_answer(reads: Sequence[tuple[float, bytes]]) -> Answer:
             if not isinstance(choices, list):
                 continue
             for c in choices:
-                piece, carries = _choice_output(c)
+                piece, carries, *_ = _choice_output(c)
                 text.append(piece)
                 got, bad = _ids_of(c)
                 note = note or bad

@@ -24,11 +24,14 @@ from .client import (
     FINAL_USAGE,
     MAX_TOKENS,
     RATIO,
+    REASONING_ESTIMATE,
+    REASONING_ORDER,
     TOKENIZE,
     USAGE,
     Connection,
     StreamRecord,
     account_tokens,
+    split_reasoning,
     spread,
     stream_request,
 )
@@ -293,6 +296,40 @@ def _counts_one_more(open_: ServerSnapshot, close: ServerSnapshot) -> bool:
     return a is None or b is None or b >= a + 1
 
 
+@dataclass(frozen=True)
+class ReasoningFigures:
+    """A cell's reasoning and answer: the median time to the first answer token (ms) of the
+    requests whose first answer token came before the window closed (None: none did), the
+    tokens of each over every request of the cell (all received, as ``received_tokens``),
+    and how they were told apart (the weakest way a request needed)."""
+
+    answer_ttft_ms: float | None
+    answer_ttft_samples_ms: tuple[float, ...]
+    reasoning_tokens: int
+    answer_tokens: int
+    how: str
+
+
+def reasoning_figures(records: Sequence[StreamRecord], w1: float) -> ReasoningFigures | None:
+    """The reasoning figures of a cell's accounted records; None where none reasoned."""
+    split = [r for r in records if r.reasoning_tokens is not None]
+    if not split:
+        return None
+    waits = [
+        (r.t_answer - r.t_send) * 1e3 for r in records if r.t_answer is not None and r.t_answer < w1
+    ]
+    how = max((r.reasoning_from or REASONING_ESTIMATE for r in split), key=REASONING_ORDER.index)
+    return ReasoningFigures(
+        answer_ttft_ms=statistics.median(waits) if waits else None,
+        answer_ttft_samples_ms=tuple(round(x, 3) for x in waits),
+        reasoning_tokens=sum(r.reasoning_tokens or 0 for r in split),
+        answer_tokens=sum(
+            r.answer_tokens if r.answer_tokens is not None else r.n_tokens for r in records
+        ),
+        how=how,
+    )
+
+
 @dataclass
 class DecodeResult:
     context: int
@@ -338,6 +375,10 @@ class DecodeResult:
     #: the furthest behind (None: not measured)
     client_lag: LoopLag | None = None
     client_processes: int = 1  # the client processes that read the cell's streams
+    #: reasoning and answer (docs/metrics.md, "Reasoning and answer"); None where no request
+    #: of the cell carried reasoning (tool-call deltas: where none came)
+    reasoning: ReasoningFigures | None = None
+    tool_call_deltas: int | None = None
     client_cpu: float | None = None  # cores they used over the window, together
     #: the server's values over the window: busy at its start, /metrics that did not parse,
     #: values refused, counters that went back (:func:`_window_flags`)
@@ -881,6 +922,7 @@ def _decode_result(
         account_tokens(rec, max_output)
     accounting = complete_accounting(records)
     for rec in records:
+        split_reasoning(rec)  # on the counts the cell's accounting completed
         if rec.error:
             errors[_short(rec.error)] += 1
             if rec.error_setting:
@@ -947,6 +989,8 @@ def _decode_result(
         error_settings=frozenset(error_settings),
         records=records,
         goodput_tok_s=good,
+        reasoning=reasoning_figures(records, w1),
+        tool_call_deltas=sum(r.tool_call_deltas for r in records) or None,
     )
 
 

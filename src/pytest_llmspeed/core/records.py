@@ -124,6 +124,11 @@ def decode_record(
         read_gb_s=_r(bw.bytes_per_s / 1e9, 1) if bw else None,
         bandwidth_share=_r(bw.share, 4) if bw else None,
         bandwidth_from=bw.how if bw else None,
+        answer_ttft_ms=_r(result.reasoning.answer_ttft_ms, 2) if result.reasoning else None,
+        reasoning_tokens=result.reasoning.reasoning_tokens if result.reasoning else None,
+        answer_tokens=result.reasoning.answer_tokens if result.reasoning else None,
+        reasoning_from=result.reasoning.how if result.reasoning else None,
+        tool_call_deltas=result.tool_call_deltas,
         precision=_r(s.precision, 4) if result.precision_goal is not None else None,
         window_end=(
             None

@@ -28,6 +28,8 @@ class Dialect:
     vendor_fields: bool = True  # ignore_eos / min_tokens accepted
     stream_options: bool = True  # include_usage / continuous_usage_stats accepted
     notes: list[str] = field(default_factory=list)
+    #: chat requests carry :data:`TOOLS` with ``tool_choice: required`` (``--llm-tools``)
+    tools: bool = False
 
     @property
     def path(self) -> str:
@@ -42,7 +44,27 @@ def request_fields(model: str, max_tokens: int, dialect: Dialect) -> dict[str, A
         body["min_tokens"] = max_tokens
     if dialect.stream_options:
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    if dialect.tools and dialect.api == "chat":
+        body["tools"] = TOOLS
+        body["tool_choice"] = "required"
     return body
+
+
+#: the one function a chat request offers with ``--llm-tools`` (the answer must call it)
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "record_answer",
+            "description": "Record the answer to the user's message.",
+            "parameters": {
+                "type": "object",
+                "properties": {"answer": {"type": "string", "description": "the answer"}},
+                "required": ["answer"],
+            },
+        },
+    }
+]
 
 
 # -- what comes back: server-sent events --------------------------------------------------------
@@ -129,28 +151,37 @@ def _text_field(holder: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
-def _choice_output(choice: object) -> tuple[str, bool]:
-    """The output (text, content, reasoning) a choice carries, and whether it carries any
-    (text, or a tool call); every field checked for its type."""
+def _choice_output(choice: object) -> tuple[str, bool, bool, bool, int]:
+    """The output (text, content, reasoning) a choice carries, whether it carries any (text,
+    or a tool call), whether it carries reasoning text, whether it carries answer (text,
+    content or a tool call), and its tool-call deltas; every field checked for its type."""
     if not isinstance(choice, dict):
         raise MalformedAnswer("stream", f"is {shown(choice)}, not an object", "a choice")
     text = _text_field(choice, "text", "choices[].")
     delta = choice.get("delta")
-    tools = False
+    calls = 0
+    reasoning = ""
     if delta is not None:
         if not isinstance(delta, dict):
             raise MalformedAnswer("stream", f"is {shown(delta)}, not an object", "choices[].delta")
-        text += _text_field(delta, "reasoning_content", "choices[].delta.") or _text_field(
+        reasoning = _text_field(delta, "reasoning_content", "choices[].delta.") or _text_field(
             delta, "reasoning", "choices[].delta."
         )
         text += _text_field(delta, "content", "choices[].delta.")
-        calls = delta.get("tool_calls")
-        if calls is not None and not isinstance(calls, list):
-            raise MalformedAnswer(
-                "stream", f"is {shown(calls)}, not a list", "choices[].delta.tool_calls"
-            )
-        tools = bool(calls)
-    return text, bool(text) or tools
+        tools = delta.get("tool_calls")
+        if tools is not None:
+            if not isinstance(tools, list):
+                raise MalformedAnswer(
+                    "stream", f"is {shown(tools)}, not a list", "choices[].delta.tool_calls"
+                )
+            for call in tools:
+                if not isinstance(call, dict):
+                    raise MalformedAnswer(
+                        "stream", f"is {shown(call)}, not an object", "choices[].delta.tool_calls[]"
+                    )
+            calls = len(tools)
+    answer = bool(text) or calls > 0
+    return reasoning + text, bool(reasoning) or answer, bool(reasoning), answer, calls
 
 
 #: the counted fields, as vLLM, SGLang and the simulator write them (compact JSON); a stream
@@ -171,6 +202,15 @@ _ERROR = b'"error"'
 #: Every other raw control byte is refused by the exact parse only; the text of a counted
 #: event is neither kept nor shown (docs/trust.md, "Counted without a parse")
 _NUL, _ESC = 0, 0x1B
+#: what a chat read counted without a parse is searched for (``in``: a C search of the read),
+#: to attribute its tokens to the reasoning or the answer: a read that may change the stream's
+#: phase (answer text while it reasons; reasoning, or a tool call, once it answers) goes to
+#: the exact parse. A marker inside a text is escaped (``\\"reasoning``) and still matches: a
+#: read parsed for nothing, never one counted wrong (docs/metrics.md, "Reasoning and answer")
+_REASONING = b'"reasoning'
+_CONTENT = b'"content":"'
+_NO_CONTENT = b'"content":""'
+_TOOL_CALLS = b'"tool_calls"'
 #: text pieces a stream without usage keeps before joining them (bounds their overhead)
 _TEXT_PIECES = 64
 
@@ -202,10 +242,10 @@ class StreamTally:
     output)."""
 
     __slots__ = (
-        "broken", "carry", "chunks", "completion_tokens", "cr", "done", "error", "error_event",
-        "fast",
-        "fed", "finish_reason", "limit",
-        "prev", "prompt_tokens", "seen_token", "text", "text_times", "token_chunks", "usage_chunks",
+        "answer_time", "broken", "carry", "chat", "chunks", "completion_tokens", "cr",
+        "details_reasoning", "done", "error", "error_event", "fast", "fed", "finish_reason",
+        "limit", "mixed_chunks", "prev", "prompt_tokens", "reasoning_chunks", "reasoning_rise",
+        "seen_token", "text", "text_times", "token_chunks", "tool_deltas", "tools", "usage_chunks",
         "usage_counts", "usage_times",
     )  # fmt: skip
 
@@ -232,6 +272,24 @@ class StreamTally:
         self.cr = False  # the stream's lines end in \r (\r\n or bare): made \n
         #: the most tokens the request asked for (``max_tokens``): a count above it is a lie
         self.limit = MAX_COUNT
+        #: a chat stream: its reads counted without a parse are searched for a change of
+        #: phase between reasoning and answer (docs/metrics.md, "Reasoning and answer")
+        self.chat = False
+        #: the request offered tools (``tool_choice``): its reads are searched for tool calls
+        #: too; a stream that was offered none is searched only for the change of phase
+        self.tools = False
+        self.answer_time: float | None = None  # the first answer text or tool call arrived
+        self.reasoning_chunks = 0  # chunks that carried reasoning text and no answer
+        self.mixed_chunks = 0  # chunks that carried both (their tokens count as answer)
+        self.reasoning_rise = 0  # usage rises attributed to the reasoning
+        self.tool_deltas = 0  # choices[].delta.tool_calls entries
+        #: the last ``usage.completion_tokens_details.reasoning_tokens`` sent
+        self.details_reasoning: int | None = None
+
+    @property
+    def reasoning_phase(self) -> bool:
+        """The stream has sent reasoning and no answer yet."""
+        return self.reasoning_chunks > 0 and self.answer_time is None
 
     def feed(self, t: float, data: bytes) -> bool:
         """Count one read that arrived at ``t``; True when it brought the stream's first
@@ -337,6 +395,18 @@ class StreamTally:
         n = int(number.group())
         if n < self.prev or n > self.limit:
             return False  # a count that falls, or out of range: the exact parse refuses it
+        reasoning = False
+        if self.chat:
+            # one search of the read (two where the request offered tools): ~1 ns a byte
+            if self.reasoning_chunks and self.answer_time is None:
+                # reasoning until an answer's text or tool call: that read is parsed
+                if (_CONTENT in data and data.count(_CONTENT) != data.count(_NO_CONTENT)) or (
+                    self.tools and _TOOL_CALLS in data
+                ):
+                    return False
+                reasoning = True
+            elif _REASONING in data or (self.tools and _TOOL_CALLS in data):
+                return False  # reasoning, or a tool call, after the answer began: parsed
         chunks = usages - end.count(_NO_CHOICE)
         self.chunks += chunks
         self.usage_chunks += chunks
@@ -344,6 +414,8 @@ class StreamTally:
         if n > self.prev:
             self.usage_times.append(t)
             self.usage_counts.append(n - self.prev)
+            if reasoning:
+                self.reasoning_rise += n - self.prev
             self.prev = n
         self.completion_tokens = n
         return True
@@ -405,9 +477,12 @@ class StreamTally:
                 choices = ()
             elif not isinstance(choices, list):
                 raise MalformedAnswer("stream", f"is {shown(choices)}, not a list", "choices")
-            output = False
+            output = reasoned = answered = False
             for c in choices:
-                text, carries = _choice_output(c)
+                text, carries, has_reasoning, has_answer, calls = _choice_output(c)
+                reasoned = reasoned or has_reasoning
+                answered = answered or has_answer
+                self.tool_deltas += calls
                 if carries and self.finish_reason is not None:
                     raise MalformedAnswer(
                         "stream", f"came after its finish_reason {shown(self.finish_reason)}",
@@ -431,6 +506,12 @@ class StreamTally:
                 raise MalformedAnswer("stream", f"is {shown(usage)}, not an object", "usage")
             ct = None
             if usage:
+                details = usage.get("completion_tokens_details")
+                if details is not None and not isinstance(details, dict):
+                    raise MalformedAnswer(
+                        "stream", f"is {shown(details)}, not an object or null",
+                        "usage.completion_tokens_details",
+                    )  # fmt: skip
                 raw = usage.get("completion_tokens")
                 if raw is not None:
                     ct = checked_count(raw, "usage.completion_tokens")
@@ -444,6 +525,13 @@ class StreamTally:
                             "stream", f"fell from {self.prev} to {ct} (a count only rises)",
                             "usage.completion_tokens",
                         )  # fmt: skip
+            in_reasoning = self.reasoning_phase or (reasoned and not answered)
+            if reasoned and not answered:
+                self.reasoning_chunks += 1
+            elif reasoned:
+                self.mixed_chunks += 1
+            if answered and self.answer_time is None:
+                self.answer_time = t
             if choices:
                 self.chunks += 1
                 if ct is not None:
@@ -465,8 +553,22 @@ class StreamTally:
                         self.token_chunks += 1
                         self.usage_times.append(t)
                         self.usage_counts.append(ct - self.prev)
+                        if in_reasoning and not answered:
+                            # a chunk of reasoning text, or one without text while the
+                            # stream reasons (a byte-level token): the reasoning's
+                            self.reasoning_rise += ct - self.prev
                         self.prev = ct
                     self.completion_tokens = ct
+                if details is not None and details.get("reasoning_tokens") is not None:
+                    where = "usage.completion_tokens_details.reasoning_tokens"
+                    r = checked_count(details["reasoning_tokens"], where)
+                    total = ct if ct is not None else self.completion_tokens
+                    if total is not None and r > total:
+                        raise MalformedAnswer(
+                            "stream", f"is {r:,}, more than the {total:,} completion_tokens",
+                            where,
+                        )  # fmt: skip
+                    self.details_reasoning = r
             if not self.seen_token and (output or (ct or 0) > 0):
                 self.seen_token = first = True
         if self.text is not None and len(self.text) > _TEXT_PIECES:
@@ -502,9 +604,10 @@ def _well_formed(data: bytes) -> bool:
     return True
 
 
-def parse_stream(reads: list[tuple[float, bytes]]) -> StreamTally:
+def parse_stream(reads: list[tuple[float, bytes]], chat: bool = False) -> StreamTally:
     """A stream's recorded reads, counted (tests, and records made from recorded reads)."""
     tally = StreamTally()
+    tally.chat = chat
     for t, data in reads:
         tally.feed(t, data)
     tally.close()

@@ -142,6 +142,7 @@ class ServerUnderTest:
                 max_error_rate=s.max_error_rate,
                 request_bounds=request_bounds(s.slo) if s.slo else None,
                 client_processes=s.client_processes,
+                tools=s.tools,
             )
         )
         self.info = self.bench.start()

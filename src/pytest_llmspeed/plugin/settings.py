@@ -84,6 +84,13 @@ OPTIONS: tuple[Option, ...] = (
         choices=("completions", "chat"),
     ),
     Option(
+        "tools",
+        "chat requests offer one built-in function with tool_choice 'required': the answer "
+        "streams as tool-call deltas, counted (needs --llm-api=chat)",
+        default="false",
+        switch=True,
+    ),
+    Option(
         "prompt-form",
         "completions prompts as token ids (exact by construction) or as text sized with the "
         "server's /tokenize (servers that take no token ids; what text-only benchmarks send). "
@@ -360,6 +367,7 @@ class Settings:
     model: str | None = None
     api_key: Secret | None = field(default=None, repr=False)  # revealed in the header only
     api: str = "completions"
+    tools: bool = False  # --llm-tools: chat requests offer a function the answer must call
     prompt_form: str = "ids"
     contexts: tuple[int | str, ...] = ()
     prefill_contexts: tuple[int | str, ...] = ()
@@ -433,6 +441,7 @@ class Settings:
         """Settings as plain data for reports, without secrets."""
         return {
             "api": self.api,
+            "tools": self.tools,
             "prompt_form": self.effective_prompt_form,
             "contexts": [str(c) for c in self.contexts],
             "prefill_contexts": [str(c) for c in self.prefill_contexts],
@@ -653,6 +662,12 @@ def load(config: pytest.Config) -> Settings:
                 "lower the rate or the duration",
             )
     _check_ab(config, values)
+    if values["tools"] and (values["api"] or "completions") != "chat":
+        raise _refused(
+            config,
+            "tools",
+            "tool calls are a chat answer's: give --llm-api=chat too (completions have none)",
+        )
     if values["prefill_repeats"] is None:
         gate = (
             values["baseline"]
@@ -945,7 +960,7 @@ def _convert(key: str, value: str) -> Any:
         if not value.strip().isdigit() or int(value) < 1:
             raise ValueError("must be a whole number of tokens ≥ 1")
         return int(value)
-    if key == "baseline_strict":
+    if key in ("baseline_strict", "tools"):
         if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
             raise ValueError("must be true or false")
         return value.lower() in ("true", "1", "yes")

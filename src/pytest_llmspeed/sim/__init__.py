@@ -39,6 +39,7 @@ QUIRKS = {
     "no-metrics": "answer HTTP 404 on /metrics",
     "text-only": "answer HTTP 400 to prompts given as token ids",
     "text-only-500": "answer HTTP 500 to prompts given as token ids (llama-cpp-python does)",
+    "no-reasoning-details": "leave usage.completion_tokens_details (reasoning_tokens) out",
 }
 
 

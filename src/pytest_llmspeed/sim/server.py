@@ -199,6 +199,16 @@ class Stream:
         self.prompt_hash: str | None = None
         #: vLLM's ``return_token_ids``: each completions chunk carries its tokens' ids
         self.token_ids = False
+        #: a chat request with ``tools`` and a ``tool_choice`` that asks for a call: the name
+        #: of the function the answer calls (its tokens stream as tool-call deltas)
+        self.tool: str | None = None
+        #: usage's ``completion_tokens_details.reasoning_tokens`` (chat; a quirk leaves it out)
+        self.details = chat
+        #: a chunk with answer text (content not empty) or a tool call was written, and when
+        #: the first was (an answer token without text, a byte of a character, shows nothing)
+        self.answer_shown = False
+        self.answer_time: float | None = None
+        self.tool_deltas = 0  # tool-call deltas written
         self.transport: asyncio.Transport | None = None
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         created = int(time.time())
@@ -249,13 +259,15 @@ class Stream:
                 )
                 parts.append(f"data: {json.dumps(err.body())}\n\n")
             elif self.include_usage:
-                parts.append(self.head + "]" + self._usage() + "}\n\n")
+                parts.append(self.head + "]" + self._usage(final=True) + "}\n\n")
             parts.append("data: [DONE]\n\n")
         payload = "".join(parts).encode()
         t = perf_counter()
         transport.write(b"%x\r\n%b\r\n" % (len(payload), payload))
         if pending:
             self._record(t, pending)
+            if self.answer_time is None and self.answer_shown:
+                self.answer_time = t
         self.sent = self.generated
         if finish is not None:
             if finish == "drop":
@@ -267,9 +279,21 @@ class Stream:
             self.first_token_time = t
         self.chunks.append([t, n])
 
-    def _usage(self) -> str:
+    def _usage(self, final: bool = False) -> str:
         p, c = self.prompt_tokens, self.generated
-        return f',"usage":{{"prompt_tokens":{p},"total_tokens":{p + c},"completion_tokens":{c}}}'
+        details = ""
+        if final and self.details:
+            details = f',"completion_tokens_details":{{"reasoning_tokens":{self.reasoning_done}}}'
+        return (
+            f',"usage":{{"prompt_tokens":{p},"total_tokens":{p + c},"completion_tokens":{c}'
+            + details
+            + "}"
+        )
+
+    @property
+    def reasoning_done(self) -> int:
+        """The reasoning tokens generated so far (the first ``reasoning`` of a chat answer)."""
+        return min(self.reasoning, self.generated) if self.chat else 0
 
     def _role_chunk(self) -> str:
         usage = ""
@@ -283,7 +307,9 @@ class Stream:
 
     def _token_chunk(self, lo: int, hi: int, finish: str | None) -> str:
         text_hi = hi - 1 if finish == "stop" else hi  # the EOS token has no text
-        fin = f'"{finish}"' if finish in ("stop", "length") else "null"
+        if finish == "stop" and self.tool is not None:
+            finish = "tool_calls"  # a call that ended (one cut at max_tokens stays "length")
+        fin = f'"{finish}"' if finish in ("stop", "length", "tool_calls") else "null"
         usage = self._usage() if self.continuous else ""
         table = self.server.text
         if not self.chat:
@@ -303,7 +329,22 @@ class Stream:
             fields.append(f'"reasoning_content":"{rtext}","reasoning":"{rtext}"')
         if hi > r:
             start = max(lo, r)
-            fields.append(f'"content":"{table.esc(self.offset + start, text_hi - start)}"')
+            text = table.esc(self.offset + start, text_hi - start)
+            self.answer_shown = self.answer_shown or bool(text) or self.tool is not None
+            if self.tool is None:
+                fields.append(f'"content":"{text}"')
+            else:
+                # the call: its first delta names it, the others carry its arguments' pieces
+                args = f'"arguments":"{text}"'
+                if start == r:
+                    call = (
+                        f'{{"index":0,"id":"call_{self.rid}","type":"function",'
+                        f'"function":{{"name":{self.tool},{args}}}}}'
+                    )
+                else:
+                    call = f'{{"index":0,"function":{{{args}}}}}'
+                fields.append(f'"tool_calls":[{call}]')
+                self.tool_deltas += 1
         return (
             self.head + '{"index":0,"delta":{' + ",".join(fields) + '},"logprobs":null,'
             f'"finish_reason":{fin}}}]' + usage + "}\n\n"
@@ -315,12 +356,14 @@ class Stream:
         n = self.generated
         text_n = n - 1 if self.finish == "stop" else n
         table = self.server.text
-        usage = {
+        usage: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "total_tokens": self.prompt_tokens + n,
             "completion_tokens": n,
             "prompt_tokens_details": None,
         }
+        if self.details:
+            usage["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_done}
         model = self.server.model_name
         if not self.chat:
             return {
@@ -393,6 +436,12 @@ class Stream:
             "cached_blocks": req.cached_tokens // self.server.core.block_size,
             "block_size": self.server.core.block_size,
             "preemptions": req.preemptions,
+            # a chat answer's reasoning tokens, when its first answer text (or tool call) was
+            # written, and
+            # the tool-call deltas it wrote (truth for the client's reasoning figures)
+            "reasoning_tokens": self.reasoning_done,
+            "answer_time": self.answer_time,
+            "tool_call_deltas": self.tool_deltas,
         }
 
 
@@ -688,6 +737,33 @@ class SimServer:
         return max_tokens
 
     @staticmethod
+    def _tool_call(body: dict[str, Any]) -> str | None:
+        """The function a chat request's answer calls, JSON-quoted: its ``tools`` hold a
+        function and its ``tool_choice`` is "required" (the first) or names one; None: the
+        answer is text ("auto" and "none" answer in text here)."""
+        tools = body.get("tools")
+        if not isinstance(tools, list) or not tools:
+            return None
+        names = [
+            t["function"]["name"]
+            for t in tools
+            if isinstance(t, dict)
+            and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str)
+        ]
+        if not names:
+            raise _bad("tools: every tool must be a function with a name", "tools")
+        choice = body.get("tool_choice")
+        if choice == "required":
+            return json.dumps(names[0])
+        if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+            name = choice["function"].get("name")
+            if name not in names:
+                raise _bad(f"tool_choice names {name!r}, not one of the tools", "tool_choice")
+            return json.dumps(name)
+        return None
+
+    @staticmethod
     def _int(body: dict[str, Any], name: str, minimum: int) -> int | None:
         value = body.get(name)
         if value is None:
@@ -811,6 +887,9 @@ class SimServer:
             arrival=arrival,
         )
         stream.token_ids = not chat and body.get("return_token_ids") is True
+        if chat:
+            stream.tool = self._tool_call(body)
+            stream.details = "no-reasoning-details" not in self.quirks
         req.sink = stream
         self.trace.append(stream)
         self.active.add(stream)
