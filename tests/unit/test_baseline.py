@@ -123,6 +123,12 @@ def test_dump_then_load_round_trip(tmp_path):
     assert mismatches(b, {"model": "tiny", "max_output": 256}) == [
         "max_output 128 in the baseline, 256 now"
     ]
+    # a file of an earlier version has no tools nor prompt_text: not compared
+    assert mismatches(b, {"model": "tiny", "tools": True, "prompt_text": "mine.txt"}) == []
+    dump(path, {"model": "tiny", "tools": False}, records)
+    assert mismatches(load(path), {"model": "tiny", "tools": True}) == [
+        "tools False in the baseline, True now"
+    ]
 
 
 def test_intervals_are_written_rounded_outwards_and_read_back(tmp_path):

@@ -30,9 +30,11 @@ from ..figures import Gate
 from ..results import CellId, CellRecord, ServerFigures, Status
 from .noise import UNKNOWN, Pair, Spread, pooled_spread
 
-#: run settings that make two runs comparable
+#: run settings that make two runs comparable (a key a file lacks is not compared: files of
+#: earlier versions have no "tools" nor "prompt_text")
 COMPARABLE = (
     "model", "api", "prompt_form", "max_output", "duration_s", "prefill_repeats", "replicas",
+    "tools", "prompt_text",
 )  # fmt: skip
 #: settings a run must share with a baseline's runs to be added to it: the comparable ones, and
 #: the same server software (runs of another version are a change, not a restart)

@@ -57,6 +57,11 @@ class GateSession:
             "prefill_repeats": self.settings.prefill_repeats,
             # several replicas multiply throughput: a baseline of one is not a floor for two
             "replicas": info.replica_count if info else None,
+            # tool calls and the user's text change what is measured (None: the default text)
+            "tools": self.settings.tools,
+            "prompt_text": (
+                self.settings.prompt_text.source if self.settings.prompt_text is not None else None
+            ),
         }
 
     def check_settings(self) -> str | None:
