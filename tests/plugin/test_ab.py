@@ -45,9 +45,16 @@ def test_a_slower_new_version_regresses_with_why(results_doc, pytester):
         assert "steps/s" in got["explanation"]  # the decode steps slowed: the server says so
         # every round measured it, in the order run
         assert [r["arm"] for r in doc["rounds"] if cell in r["cells"]] == doc["order"][:8]
-    assert doc["counts"]["regressed"] == 2
+    # the simulator's decode:0.3 slows each step's base too, a cold prefill's step with it: a
+    # 1K prefill on the tiny profile is about 8 % slower, which the A/B may show (regressed,
+    # beyond the ±5 %) or not yet (unknown); never faster, never the same
+    prefill = doc["cells"]["prefill[1K]"]
+    assert prefill["verdict"] in ("regressed", "unknown"), prefill
+    assert -0.15 < prefill["figures"]["prompt_tok_s"]["change"] < 0, prefill
+    regressed = 2 + (prefill["verdict"] == "regressed")
+    assert doc["counts"]["regressed"] == regressed
     out = result.stdout.str()
-    assert "A/B: old against new, " in out and "verdicts: 2 regressed" in out
+    assert "A/B: old against new, " in out and f"verdicts: {regressed} regressed" in out
     result.stdout.fnmatch_lines(
         ["FAILED *test_decode[[]1K-c1[]] - decode[[]1K-c1[]] A/B regressed*"]
     )
@@ -56,7 +63,7 @@ def test_a_slower_new_version_regresses_with_why(results_doc, pytester):
         for p in ET.parse(pytester.path / "j.xml").iter("property")
         if p.get("name") == "ab_verdict"
     ]
-    assert verdicts.count("regressed") == 2
+    assert verdicts.count("regressed") == regressed
     # the matrix and the cells are the new version's: below the old version's first round
     # (the first round is either version's, as the seed drew the block's order)
     cells = {c["id"]: c for c in results_doc("out.json")["cells"]}

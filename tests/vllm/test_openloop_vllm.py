@@ -3,12 +3,13 @@ agrees with vLLM's queue-time histogram": a server the plugin launches with ``--
 (one request runs, the rest wait) is sent 1 and 20 requests a second. At 20 a second it cannot
 keep up, and the requests' TTFT counted from their scheduled send is mostly time spent queued,
 which vLLM's own ``vllm:request_queue_time_seconds`` histogram records for every request that
-finished in the cell.
+finished in the cell. Each request asks for 64 tokens, so that one takes about 0.1 s even on a
+quiet machine (a CI run with 16 tokens met a vLLM that served one in 29 ms: 20 a second then
+hardly queued, 9 ms).
 
-Measured here (the machine shared with other work): rate[1K-r20] 74 requests, the mean TTFT from
-the schedule 1,169.6 ms, vLLM's mean queue time 1,123.2 ms and prefill time 26.2 ms (their sum
-1,149.4 ms: the other 20 ms are the client's and the API server's); rate[1K-r1] 6 requests, 119.2
-ms against 64.7 + 35.8 ms."""
+Measured here (64 tokens a request, a quiet machine): rate[1K-r20] 74 requests, the mean TTFT
+from the schedule 1,871.7 ms, vLLM's mean queue time 1,862.5 ms and prefill time 2.9 ms; rate[1K-r1]
+6 requests, 56.0 ms against 44.6 + 4.3 ms; 20 a second offered, 9.6 done."""
 
 import json
 import statistics
@@ -29,7 +30,7 @@ def test_a_rate_cells_queueing_agrees_with_vllms_queue_time_histogram(pytester):
         pytest.fail(NOT_SET_UP)
     result = pytester.runpytest(
         f"--llm-serve={one_at_a_time()}", "--llm-serve-timeout=300", "--llm-contexts=1K",
-        "--llm-rates=1,20", "--llm-duration=4", "--llm-max-output=16", "-m", "rate",
+        "--llm-rates=1,20", "--llm-duration=4", "--llm-max-output=64", "-m", "rate",
         "-p", "no:benchmark", "-p", "no:randomly", "--llm-results=out.json",
     )  # fmt: skip
     assert result.ret == 0, result.stdout.str()
