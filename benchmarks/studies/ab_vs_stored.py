@@ -84,6 +84,7 @@ from benchmarks.common import (
     write_page,
 )
 from benchmarks.gate_noise import lower_bound, upper_bound
+from pytest_llmspeed.plugin.settings import AB_PREFILL_REPEATS, GATED_PREFILL_REPEATS
 
 VERDICTS = ("regressed", "same", "unknown", "improved", "passed")
 TAG = "ab-vs-stored"
@@ -525,8 +526,9 @@ def page(meta: dict[str, Any], records: list[RunRecord]) -> list[str]:
         f"over about {2 * a['drift_period'] / max(meta['round_s'], 0.1):.0f} minutes.",
         f"- **The matrix**: decode `--llm-contexts={a['contexts']} "
         f"--llm-concurrency={a['concurrency']}` (total and per-request tok/s), prefill "
-        f"`--llm-prefill-contexts={a['prefill_contexts']}` (prompt tok/s, the median of 6 "
-        f"cold requests when gated or saved; in the A/B the same), `--llm-duration="
+        f"`--llm-prefill-contexts={a['prefill_contexts']}` (prompt tok/s, the median of "
+        f"{GATED_PREFILL_REPEATS} cold requests when gated or saved, of {AB_PREFILL_REPEATS} "
+        "in the A/B), `--llm-duration="
         f"{a['duration']:g} --llm-max-output={a['max_output']}`. "
         f"{len(a['prefill_contexts'].split(','))} prefill contexts, not one: the A/B pools "
         "a block's spread over the cells of a kind, and one "

@@ -26,6 +26,10 @@ DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128"
 #: cold requests per prefill cell when a baseline is saved or gated: their median carries an
 #: interval (an order statistic's), so the gate does not fail a build on one request's TTFT
 GATED_PREFILL_REPEATS = 6
+#: in an A/B: twice as many, since a round's restart costs far more than its cold requests
+#: and a prefill cell's own noise is most of its block's variance (docs/gate.md, "A prior from
+#: earlier A/Bs": with 6, prefill cells took 12 starts where decode cells took 8)
+AB_PREFILL_REPEATS = 12
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,7 @@ OPTIONS: tuple[Option, ...] = (
         "prefill-repeats",
         "cold requests per prefill cell, each on a fresh prefix; the cell's TTFT is their "
         "median (default: 6 when a baseline is saved or gated, so the gate judges the prefill "
-        "with its noise; else 1)",
+        "with its noise; 12 in an A/B; else 1)",
     ),
     Option("max-output", "max_tokens of every decode request", default="4096"),
     Option(
@@ -669,14 +673,11 @@ def load(config: pytest.Config) -> Settings:
             "tool calls are a chat answer's: give --llm-api=chat too (completions have none)",
         )
     if values["prefill_repeats"] is None:
-        gate = (
-            values["baseline"]
-            or values["save_baseline"]
-            or (values["runs"] or 1) > 1
-            or values["serve_baseline"] is not None
-            or values["endpoint_baseline"] is not None
+        ab = values["serve_baseline"] is not None or values["endpoint_baseline"] is not None
+        gate = values["baseline"] or values["save_baseline"] or (values["runs"] or 1) > 1
+        values["prefill_repeats"] = (
+            AB_PREFILL_REPEATS if ab else GATED_PREFILL_REPEATS if gate else 1
         )
-        values["prefill_repeats"] = GATED_PREFILL_REPEATS if gate else 1
     if values["prefill_contexts"] is None:
         values["prefill_contexts"] = values["contexts"]
     paths = {o.key: values.pop(o.dest) for o in OUTPUTS}
