@@ -342,8 +342,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "budget",
         "the most time spent measuring again, as seconds or with a unit (900, 90s, 10m, 1h): "
-        "an A/B's rounds after its first two blocks, the baseline gate's confirmations; the "
-        "unknown and missing cells first",
+        "an A/B's rounds after its first two blocks (only the cells still unknown or missing), "
+        "the baseline gate's confirmations (each unknown or missed cell, as its test runs)",
     ),
     Option(
         "unknown",
