@@ -127,7 +127,7 @@ def test_dump_then_load_round_trip(tmp_path):
     assert mismatches(b, {"model": "tiny", "tools": True, "prompt_text": "mine.txt"}) == []
     dump(path, {"model": "tiny", "tools": False}, records)
     assert mismatches(load(path), {"model": "tiny", "tools": True}) == [
-        "tools False in the baseline, True now"
+        "tools off in the baseline, on now"
     ]
 
 

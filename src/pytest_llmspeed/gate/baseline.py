@@ -471,8 +471,15 @@ def mismatches(
     for key in keys:
         old, new = baseline.run.get(key), run.get(key)
         if old is not None and new is not None and old != new:
-            out.append(f"{key} {old} in the baseline, {new} now")
+            out.append(f"{key} {_word(old)} in the baseline, {_word(new)} now")
     return out
+
+
+def _word(value: Any) -> str:
+    """A setting as a person reads it: a switch on or off (not Python's True and False)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
 
 
 def check_addable(path: str | Path, run: Mapping[str, Any]) -> Baseline | None:
