@@ -138,3 +138,50 @@ async def test_text_prompts_of_the_text_are_exact(tiny_sim, api):
         assert any("prompt text p.txt" in n for n in factory.notes)
     finally:
         await conn.close()
+
+
+def _slice_of(piece: list[int], text: list[int]) -> bool:
+    """Is ``piece`` a run of ``text``'s ids, the text repeated past its end?"""
+    repeated = text * (len(piece) // len(text) + 2)
+    return any(repeated[i : i + len(piece)] == piece for i in range(len(text)))
+
+
+@pytest.mark.asyncio
+async def test_a_traces_blocks_are_made_of_the_text_and_shared_exactly(tiny_sim):
+    """--llm-prompt-text reaches trace cells: each shared block and each request's own tail is
+    4 salted ids and a run of the text's tokens; the same block id, the same tokens; a fresh
+    salt, other blocks (a cold cache every run)."""
+    from pytest_llmspeed.core.openloop import BLOCK_TOKENS, parse_trace, trace_plan
+    from pytest_llmspeed.core.protocol import negotiate
+
+    material = parse_prompt_text(PARAGRAPH.encode(), "p.txt")
+    conn = Connection.open(tiny_sim, None, 30)
+    try:
+        text_ids = await _tokens(conn, prompt=material.text, add_special_tokens=False)
+        factory = PromptFactory(conn, "tiny", material=material)
+        dialect = await negotiate(conn, factory, "tiny", "completions")
+        rows = [
+            {"timestamp": 0, "input_length": 1000, "output_length": 4, "hash_ids": [1, 2]},
+            {"timestamp": 10, "input_length": 700, "output_length": 4, "hash_ids": [1, 3]},
+        ]
+        trace = parse_trace([json.dumps(r) for r in rows], "t.jsonl")
+        plan = await trace_plan(factory, dialect, "tiny", trace)
+        ids = [json.loads(p.payload())["prompt"] for p in plan]
+        assert [len(x) for x in ids] == [1000, 700]
+        b = BLOCK_TOKENS
+        assert ids[0][:b] == ids[1][:b]  # block 1, shared token for token
+        assert ids[0][b:700] != ids[1][b:700]  # blocks 2 and 3 are not
+        for piece in (ids[0][4:b], ids[0][b + 4 : 1000], ids[1][b + 4 : 700]):
+            assert _slice_of(piece, text_ids), piece[:8]
+        fresh = await trace_plan(factory.fresh(), dialect, "tiny", trace)
+        assert json.loads(fresh[0].payload())["prompt"][:b] != ids[0][:b]
+        data = await conn.post_json(
+            "/v1/completions", {"model": "tiny", "prompt": ids[0], "max_tokens": 1}
+        )
+        assert data["usage"]["prompt_tokens"] == 1000
+        # without the option the blocks are drawn from the tokenizer's pool, not the text
+        plain = PromptFactory(conn, "tiny")
+        default = await trace_plan(plain, dialect, "tiny", trace)
+        assert not _slice_of(json.loads(default[0].payload())["prompt"][4:b], text_ids)
+    finally:
+        await conn.close()

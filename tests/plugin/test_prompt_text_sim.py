@@ -59,3 +59,34 @@ def test_the_simulators_acceptance_follows_the_users_text(pytester):
         )
         rates[name] = server["acceptance_rate"]
     assert rates["again"] > 0.6 > 0.05 > rates["never"], rates
+
+
+def test_trace_and_conversation_cells_are_made_of_the_text_and_still_hit_exactly(pytester):
+    """--llm-prompt-text reaches every prompt: a trace's shared blocks and a conversation's
+    messages are the user's text, and the simulator's prefix cache still hits exactly what
+    the trace and the turns share (the blocks and the histories are exact token ids)."""
+    import json
+
+    rows = [
+        {"timestamp": 0, "input_length": 1100, "output_length": 4, "hash_ids": [1, 2, 3]},
+        {"timestamp": 300, "input_length": 1100, "output_length": 4, "hash_ids": [1, 2, 4]},
+        {"timestamp": 600, "input_length": 300, "output_length": 4},
+    ]
+    (pytester.path / "day1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (pytester.path / "mine.txt").write_text("the budget was agreed after a long talk. " * 50)
+    result = pytester.runpytest(
+        f"--llm-endpoint={TINY}", "--llm-prompt-text=mine.txt", "--llm-trace=day1.jsonl",
+        "--llm-contexts=1K", "--llm-concurrency=2", "--llm-turns=2", "--llm-turn-tokens=64",
+        "--llm-turn-output=16", "--llm-think-time=0", "-m", "trace or conversation",
+        "-p", "no:randomly", "-p", "no:benchmark", "--llm-results=out.json",
+    )  # fmt: skip
+    assert result.ret == 0, result.stdout.str()
+    doc = json.loads((pytester.path / "out.json").read_text())
+    cells = {c["id"]: c for c in doc["cells"]}
+    assert any(n.startswith("prompt text mine.txt: ") for n in doc["run"]["notes"])
+    trace = cells["trace[day1]"]
+    assert trace["status"] == "valid" and trace["open_completed"] == 3
+    assert trace["server"]["prefix_cache_hit_rate"] == pytest.approx(1024 / 2500)
+    conv = cells["conversation[1K-u2-t2]"]
+    assert conv["status"] == "valid" and conv["conv_failed"] == 0
+    assert conv["conv_hit_rate"] == pytest.approx(conv["conv_expected_hit_share"])

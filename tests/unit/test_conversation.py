@@ -43,6 +43,13 @@ def test_each_user_and_turn_has_its_own_tokens_from_the_pool_the_same_on_each_dr
     assert a != user_tokens(7, pool, 1, 1, 64)  # another user
     assert a != user_tokens(7, pool, 0, 2, 64)  # another turn
     assert a != user_tokens(8, pool, 0, 1, 64)  # another run's salt
+    # --llm-prompt-text: 4 salted ids, then a run of the text's ids (repeated past its end)
+    text = list(range(1000, 1037))
+    t = user_tokens(7, pool, 0, 1, 64, text)
+    assert t == user_tokens(7, pool, 0, 1, 64, text) and len(t) == 64
+    assert t != user_tokens(8, pool, 0, 1, 64, text)  # another run's salt
+    start = text.index(t[4])
+    assert t[4:] == (text * 3)[start : start + 60]
     assert all(isinstance(i, int) for i in a)
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from ..contexts import context_label
 from .client import Connection, StreamRecord, account_tokens, stream_request
 from .errors import KeyRejected, LLMSpeedError, MalformedAnswer
-from .prompts import PromptFactory
+from .prompts import PromptFactory, material_piece
 from .server_figures import ServerFigures
 from .status import CellStatus
 from .wire import DONE, Dialect, _choice_output, loads, request_fields, shown
@@ -44,10 +44,16 @@ def conversation_id(context: int, users: int, turns: int) -> str:
     return f"{context_label(context)}-u{users}-t{turns}"
 
 
-def user_tokens(salt: int, pool: Sequence[int], user: int, turn: int, n: int) -> list[int]:
+def user_tokens(
+    salt: int, pool: Sequence[int], user: int, turn: int, n: int, text: list[int] | None = None
+) -> list[int]:
     """``n`` token ids of user ``user``'s message at turn ``turn``, drawn from ``pool`` (the
     server's own ids) by a generator seeded with the run's salt, the user and the turn: the
-    same three, the same tokens; no two users, turns or runs share them (but by chance)."""
+    same three, the same tokens; no two users, turns or runs share them (but by chance). With
+    ``text`` (``--llm-prompt-text``'s token ids): a slice of it after 4 salted ids
+    (:func:`~.prompts.material_piece`)."""
+    if text is not None:
+        return material_piece(f"{salt}:conv:{user}:{turn}", list(pool), text, n)
     seed = int.from_bytes(hashlib.sha256(f"{salt}:conv:{user}:{turn}".encode()).digest()[:8])
     rng = np.random.default_rng(seed)
     ids = np.asarray(pool)[rng.integers(0, len(pool), n)]
@@ -399,8 +405,9 @@ async def run_conversations(
     if return_token_ids:
         fields["return_token_ids"] = True
     rest = json.dumps(fields)[1:].encode()
+    text = await factory.material_ids(context)  # --llm-prompt-text: messages of the text
     prompts: dict[int, list[int]] = {
-        u: user_tokens(factory.salt, pool, u, 1, context) for u in range(users)
+        u: user_tokens(factory.salt, pool, u, 1, context, text) for u in range(users)
     }
     prev: dict[int, tuple[int | None, int | None]] = {u: (None, None) for u in range(users)}
     result = ConversationResult([])
@@ -487,7 +494,9 @@ async def run_conversations(
                 s.rec.reads.clear()
             prev[u] = (s.prompt_tokens, len(carried) if own else None)
             prompts[u] = (
-                prompts[u] + carried + user_tokens(factory.salt, pool, u, turn + 1, message_tokens)
+                prompts[u]
+                + carried
+                + user_tokens(factory.salt, pool, u, turn + 1, message_tokens, text)
             )
     result.answers = " and ".join(sorted(modes)) if modes else None
     if result.answers:

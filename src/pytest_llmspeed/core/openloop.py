@@ -34,7 +34,7 @@ from ..results import Flag, FlagKind
 from .client import Connection, StreamRecord, account_tokens
 from .errors import KeyRejected, LLMSpeedError
 from .intervals import Interval, median_interval
-from .prompts import PromptFactory
+from .prompts import PromptFactory, material_piece
 from .replicas import ReplicaSet, stream_to
 from .server_figures import ServerFigures
 from .status import CellStatus
@@ -362,11 +362,15 @@ class _Blocks:
     id (the same id, the same tokens), the least recently used dropped past
     :data:`BLOCK_CACHE`."""
 
-    def __init__(self, salt: int, pool: Sequence[int]) -> None:
+    def __init__(self, salt: int, pool: Sequence[int], text: list[int] | None = None) -> None:
         self.salt, self.pool = salt, np.asarray(pool)
+        self.text, self._pool_list = text, list(pool)  # text: --llm-prompt-text's token ids
         self.cache: OrderedDict[int, list[str]] = OrderedDict()
 
     def _draw(self, key: str, n: int) -> list[str]:
+        if self.text is not None:
+            piece = material_piece(f"{self.salt}:{key}", self._pool_list, self.text, n)
+            return [str(i) for i in piece]
         seed = int.from_bytes(hashlib.sha256(f"{self.salt}:{key}".encode()).digest()[:8])
         rng = np.random.default_rng(seed)
         return [str(i) for i in self.pool[rng.integers(0, len(self.pool), n)].tolist()]
@@ -384,6 +388,8 @@ class _Blocks:
 
     def tail(self, request: int, n: int) -> list[str]:
         """``n`` token ids of a request's own (no other request has them)."""
+        if self.text is not None:
+            return self._draw(f"request:{request}", n)
         seed = int.from_bytes(
             hashlib.sha256(f"{self.salt}:request:{request}".encode()).digest()[:8]
         )
@@ -415,7 +421,9 @@ async def trace_plan(
 ) -> list[Planned]:
     """A trace's requests at its times: each prompt its blocks' tokens (block id → 512 token
     ids of the server's own tokenizer, drawn from the run's salt and the id: the same id, the
-    same tokens), cut to its ``input_length``, then tokens of its own to that length. Token-id
+    same tokens), cut to its ``input_length``, then tokens of its own to that length; with
+    ``--llm-prompt-text`` each block and tail is a slice of the text's token ids at an offset
+    drawn from the salt and the id, after 4 salted ids (:func:`~.prompts.material_piece`). Token-id
     prompts only (text would not keep the blocks' boundaries through the tokenizer). The
     bodies are built when sent (:attr:`Planned.build`; the first ones before the cell)."""
     if not factory.uses_ids:
@@ -424,7 +432,9 @@ async def trace_plan(
             f"this run sends {'chat messages' if factory.api == 'chat' else 'text'}",
             setting="prompt_form" if factory.api == "completions" else "api",
         )
-    blocks = _Blocks(factory.salt, await factory.id_pool())
+    longest = max((r.input_length for r in trace.requests), default=1)
+    text = await factory.material_ids(longest)  # --llm-prompt-text: blocks made of the text
+    blocks = _Blocks(factory.salt, await factory.id_pool(), text)
     out: list[Planned] = []
     for i, (at, r) in enumerate(zip(trace_schedule(trace, speed), trace.requests, strict=True)):
         fields = request_fields(model, r.output_length, dialect)

@@ -15,6 +15,7 @@ context share a prefix P(C) of C − s tokens and end in a unique suffix of s to
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -313,6 +314,15 @@ class PromptFactory:
                 raise PromptError("the server's tokenizer gave fewer than 8 distinct token ids")
         return self._pool
 
+    async def material_ids(self, needed: int) -> list[int] | None:
+        """The user's text (``--llm-prompt-text``) as the server's token ids, at least
+        ``needed`` of them where it has them (at most :data:`MATERIAL_PIECE_TOKENS` asked);
+        None without it."""
+        if self._material is None:
+            return None
+        needed = min(needed, MATERIAL_PIECE_TOKENS)
+        return await self._material.token_ids(self.tokenizer, needed)
+
     def _rng(self, *key: int) -> random.Random:
         return random.Random(hash((self.salt, *key)))
 
@@ -512,6 +522,23 @@ class PromptFactory:
         m = self._material
         draw = _Draw(rng, m, start=index * 8) if m is not None else None
         return "", await self._fit(await self._prefix(context) + "\n", context, rng, "", draw)
+
+
+#: the most of the user's text tokenized for a trace's or a conversation's pieces (they are
+#: drawn at offsets into it: more text, more variety, but every piece a slice of it)
+MATERIAL_PIECE_TOKENS = 1 << 17
+
+
+def material_piece(key: str, pool: list[int], text: list[int], n: int) -> list[int]:
+    """``n`` token ids made of the user's text for one piece of a trace or a conversation (a
+    shared block, a request's own tail, a user's message): :data:`MATERIAL_SUFFIX_SALT` ids of
+    ``pool`` drawn from ``key`` (which holds the run's salt: no other piece, and no other run,
+    starts alike), then the text's ids from an offset drawn from ``key`` (the text repeated
+    past its end). The same key, the same ids."""
+    seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+    rng = random.Random(seed)
+    salt = [pool[rng.randrange(len(pool))] for _ in range(min(MATERIAL_SUFFIX_SALT, n))]
+    return salt + _cycle(text, rng.randrange(len(text)), n - len(salt))
 
 
 def _cycle(ids: list[int], start: int, n: int) -> list[int]:
