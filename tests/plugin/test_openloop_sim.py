@@ -102,7 +102,7 @@ def test_a_trace_is_replayed_as_trace_name_with_its_blocks_shared(pytester):
     ("text", "words"),
     [
         ('{"timestamp": 0, "input_length": 5, "output_length": 5}\n{oops\n', "line 2: not JSON"),
-        ("", "no request in it: give a JSONL file of requests"),
+        ("", "no request in it: give a JSONL or CSV file of requests"),
     ],
 )
 def test_a_broken_trace_is_one_line_before_any_cell(pytester, text, words):
