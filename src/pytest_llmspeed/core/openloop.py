@@ -458,6 +458,10 @@ def _read_lines(lines: Iterable[bytes | str], source: str) -> _Read:
     return got
 
 
+def _size(n: int) -> str:
+    return f"{n >> 20:,} MiB" if n >= 1 << 20 else f"{n:,} bytes"
+
+
 def _trace(
     got: _Read, source: str, name: str | None, rest: tuple[int, int, bool, bool] | None
 ) -> Trace:
@@ -470,8 +474,8 @@ def _trace(
     if not got.requests:
         if got.empty:
             raise TraceError(
-                source, 0, f"no request in it but {got.empty:,} of 0 input or 0 output "
-                f"tokens (the first: {got.first_empty})", "give a trace of requests",
+                source, 0, f"no request in it: all its {got.empty:,} rows have 0 input or 0 "
+                f"output tokens (the first: {got.first_empty})", "give a trace of requests",
             )  # fmt: skip
         raise TraceError(source, 0, "no request in it", "give a JSONL or CSV file of requests")
     notes: list[str] = []
@@ -488,7 +492,7 @@ def _trace(
     if rest is not None:
         first, lines, more, cut = rest
         why = (
-            f"a trace is read up to {TRACE_MAX_BYTES >> 20} MiB"
+            f"a trace is read up to {_size(TRACE_MAX_BYTES)}"
             if cut
             else f"a replay takes at most {TRACE_MAX_LINES:,} requests"
         )
