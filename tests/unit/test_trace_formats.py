@@ -126,6 +126,10 @@ def test_headers_are_matched_whatever_their_case_spaces_and_underscores(header):
     assert _rows(trace) == [(2, 0.0, 374, 44)]
     burst = parse_trace(["TIMESTAMP,MODEL,REQUEST_TOKENS,response tokens", "3,m,5,6"], "x")
     assert _rows(burst) == [(2, 3000.0, 5, 6)] and burst.notes == ()
+    # BurstGPT_3's columns: a session and an elapsed time besides (not the arrival time)
+    head = "Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,"
+    third = parse_trace([head + "Log Type", "7.5,a1,3.2,ChatGPT,5,6,11,Conversation log"], "x")
+    assert _rows(third) == [(2, 7500.0, 5, 6)]
 
 
 def test_a_header_matching_no_format_says_what_it_found_and_what_it_needs(tmp_path):
@@ -267,13 +271,35 @@ def test_jsonl_still_reads_and_a_byte_order_mark_is_no_content(tmp_path):
         parse_trace(['{"timestamp": 0, "input_length": 5, "output_length": 0}'], "x")
 
 
-def test_a_compressed_file_says_to_decompress_it(tmp_path):
+def test_a_gzip_file_is_read_as_published_and_a_zip_is_refused(tmp_path, monkeypatch):
     import gzip
+    import zipfile
 
-    path = tmp_path / "BurstGPT_1.csv.gz"
-    path.write_bytes(gzip.compress(BURSTGPT.encode()))
-    with pytest.raises(TraceError, match=r"compressed \(gzip\): decompress it first"):
+    # Azure's 2025 multimodal trace ships as .csv.gz, with a column more
+    text = "TIMESTAMP,NumImages,ContextTokens,GeneratedTokens\n2024-10-15T12:00:00.269Z,1,900,40\n"
+    text += "2024-10-15T12:00:05.819Z,0,0,12\n2024-10-15T12:00:06.513Z,2,1500,20\n"
+    path = tmp_path / "AzureLMMInferenceTrace_multimodal.csv.gz"
+    path.write_bytes(gzip.compress(text.encode()))
+    trace = read_trace(path)
+    assert trace.name == "AzureLMMInferenceTrace_multimodal"
+    assert _rows(trace) == [(2, 0.0, 900, 40), (4, 6244.0, 1500, 20)]
+    assert "1 of 3 requests left out" in trace.notes[0]
+    # past the limit, the note's command cuts the decompressed text
+    monkeypatch.setattr(openloop, "TRACE_MAX_LINES", 1)
+    note = read_trace(path).notes[-1]
+    cmd = note.split("e.g. ", 1)[1]
+    assert cmd.startswith(f"(zcat {path} | head -n 1; zcat {path} | tail -n +3 | head -n 1)")
+    subprocess.run(["bash", "-c", cmd], cwd=tmp_path, check=True)
+    assert (tmp_path / "part.csv").read_text() == "".join(text.splitlines(True)[i] for i in (0, 2))
+    # a broken gzip and a zip archive are one line each
+    path.write_bytes(gzip.compress(text.encode())[:30])
+    with pytest.raises(TraceError, match=r"cannot be read \(.+\): give a readable file"):
         read_trace(path)
+    archive = tmp_path / "BurstGPT_1.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("BurstGPT_1.csv", BURSTGPT)
+    with pytest.raises(TraceError, match="a zip archive: unzip it and give the CSV or JSONL"):
+        read_trace(archive)
 
 
 def test_csv_names_and_notes_through_the_servers_context():

@@ -16,10 +16,12 @@ omission).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import dataclasses
 import datetime
 import functools
+import gzip
 import hashlib
 import json
 import math
@@ -27,11 +29,12 @@ import os
 import re
 import shlex
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 import numpy as np
 
@@ -152,6 +155,8 @@ def trace_name(path: str | os.PathLike[str]) -> str:
     """The cell's name for a trace file: its stem, other characters than letters, digits,
     ``_``, ``-`` and ``.`` as ``_``, at most 64 characters."""
     stem = Path(path).name
+    if stem.lower().endswith(".gz"):
+        stem = stem[:-3]
     for ext in (".jsonl", ".json", ".csv", ".txt"):
         if stem.lower().endswith(ext):
             stem = stem[: -len(ext)]
@@ -463,7 +468,11 @@ def _size(n: int) -> str:
 
 
 def _trace(
-    got: _Read, source: str, name: str | None, rest: tuple[int, int, bool, bool] | None
+    got: _Read,
+    source: str,
+    name: str | None,
+    rest: tuple[int, int, bool, bool] | None,
+    gz: bool = False,
 ) -> Trace:
     """The trace of what was read, in time order, with the notes of what was left out.
     ``rest``, where reading stopped before the end: the first line left out, the lines from
@@ -497,8 +506,10 @@ def _trace(
             else f"a replay takes at most {TRACE_MAX_LINES:,} requests"
         )
         q = shlex.quote(source)
-        part = f"tail -n +{first} {q} | head -n {TRACE_MAX_LINES}"
-        part = f"(head -n 1 {q}; {part}) > part.csv" if got.csv else f"{part} > part.jsonl"
+        text, lines_of = (f"zcat {q} | ", "") if gz else ("", f" {q}")
+        part = f"{text}tail -n +{first}{lines_of} | head -n {TRACE_MAX_LINES}"
+        header = f"{text}head -n 1{lines_of}"
+        part = f"({header}; {part}) > part.csv" if got.csv else f"{part} > part.jsonl"
         notes.append(
             f"trace {name}: the first {len(got.requests):,} requests replayed (to line "
             f"{got.requests[-1].line:,}), {'more than ' if more else ''}{lines:,} more lines "
@@ -572,26 +583,26 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     :data:`TRACE_MAX_LINE_BYTES`; the lines past those are counted, not read."""
     source = str(path)
     try:
-        with open(path, "rb") as f:
-            head = f.read(2)
-            if head == b"\x1f\x8b" or head == b"PK":
+        with open(path, "rb") as raw:
+            head = raw.read(2)
+            if head == b"PK":
                 raise TraceError(
-                    source, 0, f"compressed ({'gzip' if head[0] == 0x1F else 'zip'})",
-                    "decompress it first and give the CSV or JSONL file",
-                )  # fmt: skip
-            f.seek(0)
-            lines = _Bounded(f)
-            got = _read_lines(lines, source)
-            rest = None
-            first = got.stop or lines.cut
-            if first is not None:
-                count, more = lines.rest()
-                rest = (first, count, more, got.stop is None)
-    except OSError as exc:
-        raise TraceError(
-            source, 0, f"cannot be read ({exc.strerror or exc})", "give a readable file"
-        ) from None
-    return _trace(got, source, None, rest)
+                    source, 0, "a zip archive", "unzip it and give the CSV or JSONL file in it"
+                )
+            raw.seek(0)
+            gz = head == b"\x1f\x8b"  # a .csv.gz as published: read as it is decompressed
+            with gzip.open(raw, "rb") if gz else contextlib.nullcontext(raw) as f:
+                lines = _Bounded(cast(BinaryIO, f))
+                got = _read_lines(lines, source)
+                rest = None
+                first = got.stop or lines.cut
+                if first is not None:
+                    count, more = lines.rest()
+                    rest = (first, count, more, got.stop is None)
+    except (OSError, EOFError, zlib.error) as exc:
+        words = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise TraceError(source, 0, f"cannot be read ({words})", "give a readable file") from None
+    return _trace(got, source, None, rest, gz)
 
 
 def fitting(trace: Trace, max_model_len: int | None) -> tuple[Trace, str | None]:
