@@ -102,7 +102,7 @@ def test_a_trace_is_replayed_as_trace_name_with_its_blocks_shared(pytester):
     ("text", "words"),
     [
         ('{"timestamp": 0, "input_length": 5, "output_length": 5}\n{oops\n', "line 2: not JSON"),
-        ("", "no request in it: give a JSONL file of requests"),
+        ("", "no request in it: give a JSONL or CSV file of requests"),
     ],
 )
 def test_a_broken_trace_is_one_line_before_any_cell(pytester, text, words):
@@ -130,6 +130,7 @@ def test_trace_requests_longer_than_the_servers_context_are_left_out_with_their_
         "line 2: input_length 2,000 + output_length 100 = 2,100 > the server's max_model_len "
         "2,048)"
     ]
+    assert f"note: {cell['notes'][0]}" in result.stdout.str()  # the terminal says it too
     # none fits: the cell's error names the first's line, no traceback
     result = pytester.runpytest("--llm-endpoint=sim:tiny?speed=4&max_model_len=100", *args)
     result.assert_outcomes(failed=1)

@@ -526,7 +526,8 @@ class Bench:
         """One trace cell: ``trace``'s requests at its times divided by ``speed``, their
         prompts sharing the blocks their hash ids name (token-id prompts only). The requests
         that do not fit in the server's max_model_len are left out, said in the cell's notes
-        (none fits: a :class:`~.openloop.TraceError` naming the first's line)."""
+        (none fits: a :class:`~.openloop.TraceError` naming the first's line), beside what
+        reading the file left out (:attr:`~.openloop.Trace.notes`)."""
         assert self.conn and self.factory and self.dialect and self.server
         trace, left_out = fitting(trace, self.limits.max_model_len)
         factory, dialect, model = self.factory.fresh(), self.dialect, self.server.model
@@ -540,7 +541,9 @@ class Bench:
             )
 
         result = self.run(cell())
-        notes = (*result.notes, left_out) if left_out else result.notes
+        # what reading the file left out (rows of 0 tokens, lines past its bounds), then what
+        # the server's context does
+        notes = (*result.notes, *trace.notes, *((left_out,) if left_out else ()))
         return dataclasses.replace(
             result, expected_hit_share=expected_hit_share(trace), notes=notes
         )

@@ -16,17 +16,25 @@ omission).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import csv
+import dataclasses
+import datetime
 import functools
+import gzip
 import hashlib
 import json
 import math
 import os
 import re
+import shlex
 import time
+import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO, cast
 
 import numpy as np
 
@@ -44,10 +52,14 @@ from .wire import Dialect, request_fields
 BLOCK_TOKENS = 512
 #: the first request is due this long after the schedule is laid on the clock
 LEAD_S = 0.05
-#: what a trace file may hold (it is read before any request, whole)
+#: what is read of a trace file (before any request): its first TRACE_MAX_LINES requests, at
+#: most TRACE_MAX_BYTES of it (the rest is left out, a note says so), each line at most
+#: TRACE_MAX_LINE_BYTES
 TRACE_MAX_BYTES = 64 << 20
 TRACE_MAX_LINES = 100_000
 TRACE_MAX_LINE_BYTES = 64 << 10
+#: the lines past those read are counted (for the note), up to this many bytes
+TRACE_COUNT_BYTES = 1 << 30
 TRACE_MAX_BLOCKS = 4096
 #: an open-loop cell builds its first requests' bodies before its first send, up to this many
 #: prompt tokens; each later one just before its send (send lag counts any delay that makes)
@@ -127,6 +139,9 @@ class Trace:
     name: str  # the cell's id: trace[NAME]
     source: str  # the file, as given
     requests: tuple[TraceRequest, ...]  # in time order (stable)
+    #: what reading it left out, in words (rows of 0 tokens, lines past the bounds): the
+    #: cell's notes
+    notes: tuple[str, ...] = ()
 
     @property
     def span_s(self) -> float:
@@ -140,7 +155,9 @@ def trace_name(path: str | os.PathLike[str]) -> str:
     """The cell's name for a trace file: its stem, other characters than letters, digits,
     ``_``, ``-`` and ``.`` as ``_``, at most 64 characters."""
     stem = Path(path).name
-    for ext in (".jsonl", ".json", ".txt"):
+    if stem.lower().endswith(".gz"):
+        stem = stem[:-3]
+    for ext in (".jsonl", ".json", ".csv", ".txt"):
         if stem.lower().endswith(ext):
             stem = stem[: -len(ext)]
             break
@@ -148,6 +165,7 @@ def trace_name(path: str | os.PathLike[str]) -> str:
 
 
 _FIX = "fix that line or drop it"
+_BOM = "\ufeff"
 
 
 def _whole(source: str, n: int, obj: dict[str, object], key: str, least: int) -> int:
@@ -162,82 +180,429 @@ def _whole(source: str, n: int, obj: dict[str, object], key: str, least: int) ->
     return value
 
 
-def parse_trace(lines: Iterable[bytes | str], source: str, name: str | None = None) -> Trace:
-    """A trace from its JSONL lines (blank lines skipped): each a JSON object with
-    ``timestamp`` (ms, ≥ 0), ``input_length`` and ``output_length`` (whole, ≥ 1) and optional
-    ``hash_ids`` (whole numbers, at most :data:`TRACE_MAX_BLOCKS`); other keys are ignored.
-    :class:`TraceError` for the first line that is not, or for a trace past its bounds."""
-    requests: list[TraceRequest] = []
-    n = 0
-    for n, raw in enumerate(lines, start=1):
-        if n > TRACE_MAX_LINES:
+def _jsonl_request(source: str, n: int, text: str) -> TraceRequest:
+    """One line of a Mooncake trace (JSONL) as a request."""
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError):
+        raise TraceError(source, n, "not JSON (each line is one JSON object)", _FIX) from None
+    if not isinstance(obj, dict):
+        raise TraceError(source, n, "not a JSON object", _FIX)
+    ts = obj.get("timestamp")
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not (0 <= ts < 1e15):
+        raise TraceError(
+            source,
+            n,
+            f"'timestamp' must be a number of ms ≥ 0, got {json.dumps(ts)[:40]}",
+            _FIX,
+        )
+    inp = _whole(source, n, obj, "input_length", 1)
+    out = _whole(source, n, obj, "output_length", 1)
+    hashes: tuple[int, ...] = ()
+    if "hash_ids" in obj:
+        ids = obj["hash_ids"]
+        if not isinstance(ids, list) or any(
+            isinstance(h, bool) or not isinstance(h, int) for h in ids
+        ):
+            raise TraceError(source, n, "'hash_ids' must be a list of whole numbers", _FIX)
+        if len(ids) > TRACE_MAX_BLOCKS:
             raise TraceError(
-                source, 0, f"more than {TRACE_MAX_LINES:,} lines", "replay a part of it"
+                source, n, f"more than {TRACE_MAX_BLOCKS:,} hash_ids", "shorten the prompt"
             )
+        hashes = tuple(ids)
+    return TraceRequest(n, float(ts), inp, out, hashes)
+
+
+# -- CSV traces: the public formats (docs/workloads.md, "Trace files") ----------------------
+
+
+def _column_key(name: str) -> str:
+    """A header's column as matched: lower case, letters and digits only (``Request tokens``,
+    ``request_tokens`` and ``RequestTokens`` are one name)."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+#: a generic CSV's time column: these names, then an optional unit (``timestamp_ms``,
+#: ``arrival_time_s``); without one, numbers are seconds (and a note says so)
+_TIME_NAMES = ("timestamp", "time", "arrivaltime", "arrivedat", "arrival", "starttime")
+_TIME_UNITS = {"ms": "ms", "msec": "ms", "millis": "ms", "milliseconds": "ms"} | {
+    "s": "s", "sec": "s", "secs": "s", "seconds": "s",
+}  # fmt: skip
+#: a generic CSV's token counts
+_INPUT_NAMES = (
+    "inputlength", "inputtokens", "inputlen", "prompttokens", "promptlength", "promptlen",
+    "numprefilltokens", "prefilltokens", "contexttokens", "requesttokens",
+)  # fmt: skip
+_OUTPUT_NAMES = (
+    "outputlength", "outputtokens", "outputlen", "completiontokens", "completionlength",
+    "numdecodetokens", "decodetokens", "generatedtokens", "responsetokens",
+)  # fmt: skip
+#: the named formats: (words, time column, its kind, input column, output column)
+_KNOWN = (
+    ("an Azure LLM inference trace", "timestamp", "date", "contexttokens", "generatedtokens"),
+    ("a BurstGPT trace", "timestamp", "s", "requesttokens", "responsetokens"),
+)
+
+_DATE = re.compile(
+    r"(\d{4})-(\d{1,2})-(\d{1,2})[T ](\d{1,2}):(\d{2}):(\d{2})(?:[.,](\d{1,9}))?"
+    r" ?(Z|UTC|[+-]\d{2}(?::?\d{2})?)?",
+    re.IGNORECASE,
+)
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
+def _date_ms(value: str) -> tuple[int, float] | None:
+    """A date-time (``2023-11-16 18:15:46.6805900``, ``2024-05-10 00:00:00.009930+00:00``,
+    ISO ``T`` and ``Z`` too; no zone: UTC) as whole seconds since 1970 and the ms past them
+    (kept apart: 7 fractional digits survive); None if it is not one."""
+    m = _DATE.fullmatch(value)
+    if m is None:
+        return None
+    y, mo, d, hh, mm, ss, frac, zone = m.groups()
+    tz = datetime.UTC
+    if zone and zone.upper() not in ("Z", "UTC"):
+        digits = zone[1:].replace(":", "")
+        offset = datetime.timedelta(hours=int(digits[:2]), minutes=int(digits[2:] or 0))
+        tz = datetime.timezone(-offset if zone[0] == "-" else offset)
+    try:
+        at = datetime.datetime(int(y), int(mo), int(d), int(hh), int(mm), int(ss), tzinfo=tz)
+    except ValueError:  # a 13th month, a 61st second, ...
+        return None
+    whole = (at - _EPOCH) // datetime.timedelta(seconds=1)
+    return whole, int(frac) / 10 ** (len(frac) - 3) if frac else 0.0
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """Where a CSV trace's figures are: the format's words, the columns (index, header name),
+    how the time column is read (``date``, ``s``, ``ms``; ``auto``: seconds or date-times,
+    by the first row)."""
+
+    words: str
+    time: tuple[int, str]
+    kind: str
+    input: tuple[int, str]
+    output: tuple[int, str]
+    delimiter: str
+
+
+def _csv_columns(source: str, n: int, header: str) -> _Columns:
+    """The columns a CSV header names (:data:`_KNOWN` first, then the generic names), or the
+    one-line :class:`TraceError` saying what it found and what it needs."""
+    delimiter = next((d for d in (",", "\t", ";") if d in header), ",")
+    try:
+        names = next(csv.reader([header], delimiter=delimiter))
+    except (csv.Error, StopIteration):
+        names = [header]
+    keys = [_column_key(c) for c in names]
+
+    def find(*wanted: str) -> tuple[int, str] | None:
+        for i, k in enumerate(keys):
+            if k in wanted:
+                return i, names[i].strip()
+        return None
+
+    for words, t, kind, i, o in _KNOWN:
+        tc, ic, oc = find(t), find(i), find(o)
+        if tc and ic and oc:
+            return _Columns(words, tc, kind, ic, oc, delimiter)
+    tc, kind = None, "auto"
+    for j, k in enumerate(keys):
+        for base in _TIME_NAMES:
+            unit = k.removeprefix(base) if k.startswith(base) else None
+            if unit == "" or unit in _TIME_UNITS:
+                tc, kind = (j, names[j].strip()), _TIME_UNITS.get(unit, "auto")
+                break
+        if tc:
+            break
+    ic, oc = find(*_INPUT_NAMES), find(*_OUTPUT_NAMES)
+    if tc and ic and oc:
+        return _Columns("a CSV trace", tc, kind, ic, oc, delimiter)
+    if header.lstrip().startswith("["):
+        raise TraceError(
+            source, n, "a JSON array", "give one JSON object per line (JSONL), or a CSV file"
+        )
+    found = ", ".join(repr(c.strip()[:40]) for c in names[:12])
+    found += ", ..." if len(names) > 12 else ""
+    missing = [
+        what
+        for what, got in (
+            ("a time (timestamp, time, arrival_time; _ms or _s for the unit)", tc),
+            ("the input tokens (input_length, input_tokens, prompt_tokens)", ic),
+            ("the output tokens (output_length, output_tokens, completion_tokens)", oc),
+        )
+        if not got
+    ]
+    raise TraceError(
+        source,
+        n,
+        f"a CSV header of no trace format known: found the columns {found}; a trace needs "
+        + "; ".join(missing)
+        + " (or the Azure TIMESTAMP, ContextTokens, GeneratedTokens, or BurstGPT's Timestamp, "
+        "Request tokens, Response tokens)",
+        "name its columns so (docs/workloads.md lists the names read)",
+    )
+
+
+def _tokens(source: str, n: int, col: str, value: str) -> int:
+    """A whole number of tokens ≥ 0 (``12``, ``12.0``)."""
+    try:
+        number = float(value) if value.strip() else math.nan
+    except ValueError:
+        number = math.nan
+    if not (number >= 0 and number.is_integer() and number <= 1 << 31):
+        raise TraceError(
+            source, n, f"{col!r} must be a whole number of tokens ≥ 0, got {value[:40]!r}", _FIX
+        )
+    return int(number)
+
+
+class _CsvRows:
+    """The rows of a CSV trace, each a request or a row of 0 tokens (left out, counted)."""
+
+    def __init__(self, source: str, columns: _Columns) -> None:
+        self.source, self.c = source, columns
+        self.kind = columns.kind
+        self.origin: tuple[int, float] | None = None  # a date column's first row
+        self.width = 1 + max(columns.time[0], columns.input[0], columns.output[0])
+
+    def request(self, n: int, text: str) -> TraceRequest | str:
+        """Line ``n`` as a request, or (0 tokens) the words of its first empty count."""
+        src, c = self.source, self.c
+        try:
+            row = next(csv.reader([text], delimiter=c.delimiter, strict=True))
+        except (csv.Error, StopIteration):
+            raise TraceError(src, n, "not a CSV row", _FIX) from None
+        if len(row) < self.width:
+            raise TraceError(
+                src, n, f"{len(row)} fields, where the header names {c.time[1]!r}, "
+                f"{c.input[1]!r} and {c.output[1]!r} (up to field {self.width})", _FIX,
+            )  # fmt: skip
+        value = row[c.time[0]].strip()
+        if self.kind == "auto":  # a generic time column of no unit: the first row says
+            self.kind = "date" if _date_ms(value) is not None else "s"
+        if self.kind == "date":
+            at = _date_ms(value)
+            if at is None:
+                raise TraceError(
+                    src, n, f"{c.time[1]!r} must be a date-time like 2023-11-16 "
+                    f"18:15:46.6805900, got {value[:40]!r}", _FIX,
+                )  # fmt: skip
+            self.origin = self.origin or at
+            ms = (at[0] - self.origin[0]) * 1e3 + (at[1] - self.origin[1])
+        else:
+            try:
+                number = float(value)
+            except ValueError:
+                number = math.nan
+            scale = 1e3 if self.kind == "s" else 1.0
+            if not (0 <= number * scale < 1e15):
+                unit = "seconds" if self.kind == "s" else "ms"
+                raise TraceError(
+                    src, n, f"{c.time[1]!r} must be a number of {unit} ≥ 0, got "
+                    f"{value[:40]!r}", _FIX,
+                )  # fmt: skip
+            ms = number * scale
+        inp = _tokens(src, n, c.input[1], row[c.input[0]])
+        out = _tokens(src, n, c.output[1], row[c.output[0]])
+        if inp == 0:
+            return f"line {n}: {c.input[1]} 0"
+        if out == 0:
+            return f"line {n}: {c.output[1]} 0"
+        return TraceRequest(n, ms, inp, out)
+
+
+@dataclass
+class _Read:
+    """What reading a trace's lines found (:func:`_read_lines`)."""
+
+    requests: list[TraceRequest] = field(default_factory=list)
+    rows: int = 0  # the rows read: requests and rows of 0 tokens
+    empty: int = 0  # rows of 0 input or 0 output tokens, left out
+    first_empty: str = ""
+    csv: _Columns | None = None
+    seconds_said: str | None = None  # a generic time column of no unit, read as seconds
+    stop: int | None = None  # the line of the first request left out (the limit reached)
+
+
+def _read_lines(lines: Iterable[bytes | str], source: str) -> _Read:
+    """The requests of a trace's lines, in the file's order: JSONL (the first line that is
+    not blank begins with ``{``) or a CSV whose header names its columns. Reading stops at
+    the line of request :data:`TRACE_MAX_LINES` + 1 (:attr:`_Read.stop`)."""
+    got = _Read()
+    rows: _CsvRows | None = None
+    jsonl: bool | None = None
+    for n, raw in enumerate(lines, start=1):
+        if len(got.requests) >= TRACE_MAX_LINES and raw.strip():
+            got.stop = n  # the first line left out: not read further
+            break
         if len(raw) > TRACE_MAX_LINE_BYTES:
             raise TraceError(
                 source, n, f"a line over {TRACE_MAX_LINE_BYTES // 1024} KiB", "shorten it"
             )
         text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        if jsonl is None:
+            text = text.removeprefix(_BOM)
         if not text.strip():
             continue
-        try:
-            obj = json.loads(text)
-        except (ValueError, RecursionError):
-            raise TraceError(source, n, "not JSON (each line is one JSON object)", _FIX) from None
-        if not isinstance(obj, dict):
-            raise TraceError(source, n, "not a JSON object", _FIX)
-        ts = obj.get("timestamp")
-        if isinstance(ts, bool) or not isinstance(ts, int | float) or not (0 <= ts < 1e15):
+        if jsonl is None:  # the first line: JSONL, or a CSV's header
+            jsonl = text.lstrip().startswith("{")
+            if not jsonl:
+                got.csv = _csv_columns(source, n, text)
+                rows = _CsvRows(source, got.csv)
+                continue
+        req = _jsonl_request(source, n, text) if rows is None else rows.request(n, text)
+        got.rows += 1
+        if isinstance(req, str):
+            got.empty += 1
+            got.first_empty = got.first_empty or req
+        else:
+            got.requests.append(req)
+    if rows is not None and rows.kind == "s" and got.csv and got.csv.kind == "auto":
+        got.seconds_said = got.csv.time[1]
+    return got
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20:,} MiB" if n >= 1 << 20 else f"{n:,} bytes"
+
+
+def _trace(
+    got: _Read,
+    source: str,
+    name: str | None,
+    rest: tuple[int, int, bool, bool] | None,
+    gz: bool = False,
+) -> Trace:
+    """The trace of what was read, in time order, with the notes of what was left out.
+    ``rest``, where reading stopped before the end: the first line left out, the lines from
+    it to the end, whether there are more than those (uncounted past
+    :data:`TRACE_COUNT_BYTES`), whether :data:`TRACE_MAX_BYTES` stopped it (else the
+    requests' limit)."""
+    name = name or trace_name(source)
+    if not got.requests:
+        if got.empty:
             raise TraceError(
-                source,
-                n,
-                f"'timestamp' must be a number of ms ≥ 0, got {json.dumps(ts)[:40]}",
-                _FIX,
-            )
-        inp = _whole(source, n, obj, "input_length", 1)
-        out = _whole(source, n, obj, "output_length", 1)
-        hashes: tuple[int, ...] = ()
-        if "hash_ids" in obj:
-            ids = obj["hash_ids"]
-            if not isinstance(ids, list) or any(
-                isinstance(h, bool) or not isinstance(h, int) for h in ids
-            ):
-                raise TraceError(source, n, "'hash_ids' must be a list of whole numbers", _FIX)
-            if len(ids) > TRACE_MAX_BLOCKS:
-                raise TraceError(
-                    source, n, f"more than {TRACE_MAX_BLOCKS:,} hash_ids", "shorten the prompt"
-                )
-            hashes = tuple(ids)
-        requests.append(TraceRequest(n, float(ts), inp, out, hashes))
-    if not requests:
-        raise TraceError(source, 0, "no request in it", "give a JSONL file of requests")
-    requests.sort(key=lambda r: r.timestamp_ms)  # stable: equal times keep the file's order
-    return Trace(name or trace_name(source), source, tuple(requests))
+                source, 0, f"no request in it: all its {got.empty:,} rows have 0 input or 0 "
+                f"output tokens (the first: {got.first_empty})", "give a trace of requests",
+            )  # fmt: skip
+        raise TraceError(source, 0, "no request in it", "give a JSONL or CSV file of requests")
+    notes: list[str] = []
+    if got.seconds_said:
+        notes.append(
+            f"trace {name}: times read as seconds ({got.seconds_said!r} names no unit; "
+            f"{got.seconds_said}_ms would be read as ms)"
+        )
+    if got.empty:
+        notes.append(
+            f"trace {name}: {got.empty:,} of {got.rows:,} requests left out, with 0 input or "
+            f"0 output tokens: nothing to replay (the first: {got.first_empty})"
+        )
+    if rest is not None:
+        first, lines, more, cut = rest
+        why = (
+            f"a trace is read up to {_size(TRACE_MAX_BYTES)}"
+            if cut
+            else f"a replay takes at most {TRACE_MAX_LINES:,} requests"
+        )
+        q = shlex.quote(source)
+        text, lines_of = (f"zcat {q} | ", "") if gz else ("", f" {q}")
+        part = f"{text}tail -n +{first}{lines_of} | head -n {TRACE_MAX_LINES}"
+        header = f"{text}head -n 1{lines_of}"
+        part = f"({header}; {part}) > part.csv" if got.csv else f"{part} > part.jsonl"
+        notes.append(
+            f"trace {name}: the first {len(got.requests):,} requests replayed (to line "
+            f"{got.requests[-1].line:,}), {'more than ' if more else ''}{lines:,} more lines "
+            f"from line {first:,} left out ({why}): to replay another part, cut it to a file "
+            f"of its own, e.g. {part}"
+        )
+    requests = sorted(got.requests, key=lambda r: r.timestamp_ms)  # stable: equal times too
+    return Trace(name, source, tuple(requests), tuple(notes))
+
+
+def parse_trace(lines: Iterable[bytes | str], source: str, name: str | None = None) -> Trace:
+    """A trace from its lines (blank lines skipped), in the format the first says
+    (docs/workloads.md, "Trace files"):
+
+    - JSONL (the Mooncake format), each line a JSON object with ``timestamp`` (ms, ≥ 0),
+      ``input_length`` and ``output_length`` (whole, ≥ 1) and optional ``hash_ids`` (whole
+      numbers, at most :data:`TRACE_MAX_BLOCKS`); other keys are ignored;
+    - a CSV whose header names a time and the two token counts: the Azure LLM inference
+      traces' (``TIMESTAMP`` date-times, ``ContextTokens``, ``GeneratedTokens``), BurstGPT's
+      (``Timestamp`` in s, ``Request tokens``, ``Response tokens``), or the generic names;
+      its rows of 0 input or 0 output tokens are left out, said in the trace's notes.
+
+    The first :data:`TRACE_MAX_LINES` requests are read, the rest left out (a note says how
+    many lines). :class:`TraceError` for the first line that is not a request, or for a trace
+    past its bounds."""
+    it = iter(lines)
+    got = _read_lines(it, source)
+    rest = None if got.stop is None else (got.stop, 1 + sum(1 for _ in it), False, False)
+    return _trace(got, source, name, rest)
+
+
+class _Bounded:
+    """A file's lines, ends dropped, up to :data:`TRACE_MAX_BYTES` in all (:attr:`cut`: the
+    line that would pass it, not given)."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f, self.size, self.n = f, 0, 0
+        self.cut: int | None = None
+        self.whole = True  # the last line read ended (not cut at TRACE_MAX_LINE_BYTES)
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            line = self.f.readline(TRACE_MAX_LINE_BYTES + 1)
+            if not line:
+                return
+            self.n += 1
+            self.whole = line.endswith(b"\n")
+            if self.size + len(line) > TRACE_MAX_BYTES:
+                self.cut = self.n
+                return
+            self.size += len(line)
+            yield line.rstrip(b"\r\n") if self.whole else line
+
+    def rest(self) -> tuple[int, bool]:
+        """The lines from the last one read to the end (counted, not read, up to
+        :data:`TRACE_COUNT_BYTES`), and whether there are more than that."""
+        lines, scanned, last = int(self.whole), 0, b"\n"
+        while scanned < TRACE_COUNT_BYTES:
+            chunk = self.f.read(min(1 << 20, TRACE_COUNT_BYTES - scanned))
+            if not chunk:
+                return lines + (last != b"\n"), False
+            scanned += len(chunk)
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+        return lines, bool(self.f.read(1))
 
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:
-    """A trace file, read within its bounds (:data:`TRACE_MAX_BYTES`, lines, line length)."""
+    """A trace file (:func:`parse_trace`'s formats), read within its bounds: its first
+    :data:`TRACE_MAX_LINES` requests, at most :data:`TRACE_MAX_BYTES` of it, each line at most
+    :data:`TRACE_MAX_LINE_BYTES`; the lines past those are counted, not read."""
     source = str(path)
     try:
-        size = os.stat(path).st_size
-        if size > TRACE_MAX_BYTES:
-            raise TraceError(
-                source, 0, f"{size:,} bytes, more than {TRACE_MAX_BYTES >> 20} MiB",
-                "replay a part of it",
-            )  # fmt: skip
-        with open(path, "rb") as f:
-            lines: list[bytes] = []
-            while len(lines) <= TRACE_MAX_LINES:
-                line = f.readline(TRACE_MAX_LINE_BYTES + 1)
-                if not line:
-                    break
-                lines.append(line.rstrip(b"\r\n") if line.endswith(b"\n") else line)
-    except OSError as exc:
-        raise TraceError(
-            source, 0, f"cannot be read ({exc.strerror or exc})", "give a readable file"
-        ) from None
-    return parse_trace(lines, source)
+        with open(path, "rb") as raw:
+            head = raw.read(2)
+            if head == b"PK":
+                raise TraceError(
+                    source, 0, "a zip archive", "unzip it and give the CSV or JSONL file in it"
+                )
+            raw.seek(0)
+            gz = head == b"\x1f\x8b"  # a .csv.gz as published: read as it is decompressed
+            with gzip.open(raw, "rb") if gz else contextlib.nullcontext(raw) as f:
+                lines = _Bounded(cast(BinaryIO, f))
+                got = _read_lines(lines, source)
+                rest = None
+                first = got.stop or lines.cut
+                if first is not None:
+                    count, more = lines.rest()
+                    rest = (first, count, more, got.stop is None)
+    except (OSError, EOFError, zlib.error) as exc:
+        words = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise TraceError(source, 0, f"cannot be read ({words})", "give a readable file") from None
+    return _trace(got, source, None, rest, gz)
 
 
 def fitting(trace: Trace, max_model_len: int | None) -> tuple[Trace, str | None]:
@@ -265,7 +630,7 @@ def fitting(trace: Trace, max_model_len: int | None) -> tuple[Trace, str | None]
         f"trace {trace.name}: {left:,} of {len(trace.requests):,} requests left out, longer "
         f"than the server's context (the first: {longest})"
     )
-    return Trace(trace.name, trace.source, kept), note
+    return dataclasses.replace(trace, requests=kept), note
 
 
 def trace_schedule(trace: Trace, speed: float = 1.0) -> tuple[float, ...]:

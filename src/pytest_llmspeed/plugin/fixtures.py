@@ -295,7 +295,12 @@ class CellRunner:
         def measure() -> OpenLoopResult:
             bench = self.run.server.bench  # of now (a fresh start makes a new one)
             assert bench is not None
-            return bench.replay(trace, self.run.settings.trace_speed)
+            result = bench.replay(trace, self.run.settings.trace_speed)
+            # what the replay left out (rows of 0 tokens, lines past the bounds, requests
+            # longer than the server's context): the cell's notes, and the run's, so the
+            # terminal's summary says it too
+            self.run.store.note(*result.notes)
+            return result
 
         return self._open(CellId.trace(trace.name), measure, None)
 

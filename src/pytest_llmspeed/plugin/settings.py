@@ -164,9 +164,11 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "trace",
-        "replay this JSONL trace of requests (the Mooncake format: timestamp in ms, "
-        "input_length, output_length, optional hash_ids of 512-token prefix blocks) at its "
-        "times: the cell trace[NAME], marker trace (docs/workloads.md)",
+        "replay this trace of requests at its times: Mooncake JSONL (timestamp in ms, "
+        "input_length, output_length, optional hash_ids of 512-token prefix blocks) or a CSV "
+        "(the Azure LLM inference traces, BurstGPT, or a header naming a time and the input "
+        "and output tokens), told by its content; its first 100,000 requests: the cell "
+        "trace[NAME], marker trace (docs/workloads.md)",
     ),
     Option(
         "trace-speed",
