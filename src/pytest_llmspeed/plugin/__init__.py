@@ -90,6 +90,8 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         return True  # refused (pytest_collection_finish): the controller says why, once
     if run is not None and run.ab is not None and run.server.started:
         return _ab_loop(session, run)
+    if run is not None and run.server.started and run.gate.defers():
+        return _gate_loop(session, run)
     if run is None or run.settings.runs < 2 or not run.server.started:
         return None
     if not _collected(session):
@@ -101,6 +103,39 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
             if problem:
                 raise session.Interrupted(problem)
         _run_items(session, items)
+    return True
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """In the first pass of a run whose undecided cells wait (--llm-baseline with
+    --llm-budget): pytest's protocol, a waiting test's reports held (plugin/pending.py)."""
+    run = _run(item.config)
+    if run is None or not run.gate.deferring:
+        return None
+    from .pending import run_protocol
+
+    run_protocol(item, nextitem, run)
+    return True
+
+
+def _gate_loop(session: pytest.Session, run: LLMSpeedRun) -> bool:
+    """--llm-baseline with --llm-budget: every selected test once, the cells its first
+    measurement did not decide held; then those measured again, unknown first, within the
+    budget, and their tests reported with the final verdicts (docs/gate.md, "Within a
+    budget")."""
+    from .pending import remeasure
+
+    if not _collected(session):
+        return True
+    try:
+        run.gate.deferring = True
+        try:
+            _run_items(session, session.items)
+        finally:
+            run.gate.deferring = False
+    finally:
+        remeasure(session, run)
     return True
 
 

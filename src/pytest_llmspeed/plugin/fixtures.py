@@ -451,6 +451,14 @@ class CellRunner:
                 return again()
 
             fresh = run.server.restartable  # each re-measurement on a fresh start
+            waiting = run.gate.hold(self.request.node.nodeid, record, measure, fresh)
+            if waiting is not None:  # measured again after every cell (--llm-budget)
+                if run.progress is not None:
+                    run.progress.waiting.add(str(waiting.id))
+                record = run.store.record(waiting)
+                self._attach(record)
+                benchmark.report(self.request, record)
+                return record  # its test's outcome waits for the final verdict
             record, remeasured = run.gate.confirmed(record, measure, fresh)
             if remeasured:
                 words = run.server.remeasured_words(remeasured)

@@ -23,6 +23,30 @@ if TYPE_CHECKING:
     from .store import CellStore
 
 
+@dataclasses.dataclass
+class PendingCell:
+    """A cell its first measurement did not decide, waiting to be measured again after every
+    cell had its first measurement (--llm-budget: docs/gate.md, "Within a budget")."""
+
+    first: CellRecord  # as measured once
+    provisional: CellRecord  # the first measurement judged alone: what stands if none follows
+    measure: Callable[[], CellRecord]  # a fresh start, then the cell measured again
+    unknown: bool  # some figure too noisy to tell (measured again before the misses)
+    final: CellRecord | None = None
+    #: why its test fails beside a regression (a re-measurement not valid, capacity dropped)
+    failures: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class PendingTest:
+    """A test whose outcome waits for its cells' re-measurement: its reports, held."""
+
+    nodeid: str
+    cells: list[PendingCell]
+    item: Any = None  # the pytest.Item, once its protocol ran
+    reports: list[Any] = dataclasses.field(default_factory=list)
+
+
 class GateSession:
     """The baseline and what the session's end decides with it."""
 
@@ -40,6 +64,10 @@ class GateSession:
         self.remeasuring_s = 0.0
         #: the prefill cells gated at the session's end, their figures the decode warm-ups'
         self._warmups: set[str] = set()
+        #: the first pass of a run whose undecided cells wait (``defers``): set by its loop
+        self.deferring = False
+        #: the tests whose cells wait to be measured again, by node id, in the order run
+        self.pending: dict[str, PendingTest] = {}
         if settings.baseline:
             from ..gate.baseline import load
 
@@ -143,6 +171,38 @@ class GateSession:
             check_addable(self.settings.save_baseline, self.saved_run())
         except BaselineError as exc:
             raise ValueError(f"--llm-save-baseline: {exc}") from None
+
+    def defers(self) -> bool:
+        """Do undecided cells wait until every cell was measured once (unknown ones first)?
+        With a baseline and --llm-budget, in a run of one pass: without a budget every
+        undecided cell is measured again anyway, and the order changes no verdict."""
+        s = self.settings
+        return self.baseline is not None and s.budget is not None and (s.runs or 1) == 1
+
+    def hold(
+        self, nodeid: str, record: CellRecord, measure: Callable[[], CellRecord], fresh: bool
+    ) -> CellRecord | None:
+        """In the first pass of a deferring run: the cell's record judged on its first
+        measurement alone, kept to be measured again after every cell (its test's outcome
+        held); None when the first measurement decides it (or the run does not defer)."""
+        from ..gate.verdict import confirm, wants_another
+
+        if not self.deferring or self.baseline is None:
+            return None
+        entry = self.baseline.cells.get(str(record.id))
+        if not wants_another(entry, [record], self.settings.confirm, fresh):
+            return None
+        provisional, _ = confirm(entry, record, lambda: None, 0, fresh_starts=fresh)
+        unknown = bool(provisional.gate and provisional.gate.unknowns)
+        test = self.pending.setdefault(nodeid, PendingTest(nodeid, []))
+        test.cells.append(PendingCell(record, provisional, measure, unknown))
+        return provisional
+
+    def pending_in_order(self) -> list[tuple[PendingTest, PendingCell]]:
+        """The waiting cells as they are measured again: unknown first, then the misses not
+        yet confirmed, each in the order their tests ran."""
+        cells = [(t, c) for t in self.pending.values() for c in t.cells]
+        return [tc for tc in cells if tc[1].unknown] + [tc for tc in cells if not tc[1].unknown]
 
     def budget_left(self) -> bool:
         """May another re-measurement start (--llm-budget not yet spent)?"""

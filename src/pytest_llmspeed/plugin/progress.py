@@ -94,6 +94,9 @@ class Progress:
     open_cells: set[CellId] = field(default_factory=set)
     #: the running test's rerun (pytest-rerunfailures), 0 on its first run
     rerun: int = 0
+    #: cells their first measurement did not decide, measured again after the others
+    #: (--llm-budget with a baseline: plugin/pending.py)
+    waiting: set[str] = field(default_factory=set)
     _last: str | None = None  # the node id of the test begun last
     #: told of each cell a test's runner starts (the reporter, while a test runs)
     on_cell: Callable[[CellId], None] | None = None
@@ -211,6 +214,8 @@ class Progress:
                 return f"{head} {reason}"
             return f"{head} {label}: {reason}".rstrip(": ")
         status = "" if record.status is Status.VALID else f" {record.status.label}"
+        if str(cid) in self.waiting:
+            status = " (undecided: measured again after the others)"
         if record.phase.open_loop:
             sched = record.sched_ttft_ms
             return (

@@ -345,7 +345,8 @@ OPTIONS: tuple[Option, ...] = (
         "budget",
         "the most time spent measuring again, as seconds or with a unit (900, 90s, 10m, 1h): "
         "an A/B's rounds after its first two blocks (only the cells still unknown or missing), "
-        "the baseline gate's confirmations (each unknown or missed cell, as its test runs)",
+        "the baseline gate's re-measurements, made after every cell's first measurement, the "
+        "unknown cells before the misses to confirm",
     ),
     Option(
         "unknown",
