@@ -153,4 +153,5 @@ def test_a_users_own_failure_stays_when_its_cell_waits(
     )
     result.assert_outcomes(failed=1)
     (case,) = _testcases(pytester)["test_two_streams[1K]"]
-    assert "my own floor" in (case.find("failure").get("message") or "")
+    failure = case.find("failure")
+    assert failure is not None and "my own floor" in (failure.get("message") or "")
