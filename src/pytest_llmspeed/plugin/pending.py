@@ -63,7 +63,7 @@ def remeasure(session: pytest.Session, run: LLMSpeedRun) -> None:
     try:
         for _, cell in order:
             if session.shouldstop:
-                cell.final = _noted(cell.provisional, STOPPED_NOTE)
+                cell.final = run.store.record(_noted(cell.provisional, STOPPED_NOTE))
                 continue
             cid = cell.first.id
             if gate.budget_left():
