@@ -70,7 +70,11 @@ def test_the_capacity_is_what_the_cells_figures_say(pytester):
     assert reported["8K"] is not None and reported["8K"] < 16, doc["run"]["capacity"]
     # what stopped each: the cell's own words
     stop = doc["run"]["capacity"]["8K"]["stopped_by"]
-    assert stop.startswith(f"{reported['8K'] * 4} misses per_request_tok_s: "), stop
+    # a miss, or on a busy machine an interval that straddles the bound (it stops it too)
+    after = reported["8K"] * 4
+    assert stop.startswith(
+        (f"{after} misses per_request_tok_s: ", f"{after} too close to call: per_request_tok_s: ")
+    ), stop
     assert doc["run"]["settings"]["slo"] == OBJECTIVES
     shown = result.stdout.str()
     assert f"Capacity at {OBJECTIVES}" in shown
