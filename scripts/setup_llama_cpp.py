@@ -238,12 +238,32 @@ def step_gguf(lay: Layout, tmp: Path) -> None:
         raise SetupError(f"the converter wrote no {lay.gguf}")
 
 
+def vllm_ready(lay: Layout) -> bool:
+    return lay.vllm_python.exists() and (lay.source_model / "config.json").is_file()
+
+
+def wait_for_vllm(lay: Layout) -> None:
+    """The GGUF is converted from vLLM's tiny model with vLLM's Python: when vLLM's set-up
+    runs beside this one (scripts/setup_engines.py sets ``LLMSPEED_SETUP_WAIT_S``), wait for
+    it to be ready; else, without it, say what to run first."""
+    wait = float(os.environ.get("LLMSPEED_SETUP_WAIT_S", "0") or 0)
+    deadline = time.monotonic() + wait
+    while True:
+        # beside it, its marker is written last: ready means complete
+        beside = wait and setup_vllm.readiness(setup_vllm.Layout(vllm_home()))[0]
+        if beside or (not wait and vllm_ready(lay)):
+            return
+        if time.monotonic() >= deadline:
+            raise SetupError(
+                f"vLLM is not set up under {lay.vllm_python.parents[2]}: "
+                "run scripts/setup_vllm.py first"
+            )
+        time.sleep(2)
+
+
 def setup(lay: Layout, force: bool) -> None:
-    if not (lay.vllm_python.exists() and (lay.source_model / "config.json").is_file()):
-        raise SetupError(
-            f"vLLM is not set up under {lay.vllm_python.parents[2]}: "
-            "run scripts/setup_vllm.py first"
-        )
+    if not os.environ.get("LLMSPEED_SETUP_WAIT_S"):
+        wait_for_vllm(lay)  # fail at once, before the build
     ok, why = readiness(lay)
     if ok and not force:
         say(f"already set up (marker {lay.marker}); nothing to do")
@@ -258,6 +278,7 @@ def setup(lay: Layout, force: bool) -> None:
         step_converter(lay, sdist)
         step_install(lay, sdist)
         versions = step_verify(lay)
+        wait_for_vllm(lay)
         step_gguf(lay, Path(tmp))
     marker = {
         **wanted_inputs(lay),

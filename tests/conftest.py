@@ -34,11 +34,16 @@ def _pytester_runs_without_pytest_asyncio(
 ) -> None:
     """The sessions a test runs with pytester collect no async test: without pytest-asyncio
     there (a test dependency of this project, not of the plugin) they print only what a user
-    of the plugin would see, not its warning about an unset loop scope."""
+    of the plugin would see, not its warning about an unset loop scope; and they run as a
+    user's plain run even when the suite runs under pytest-xdist."""
     if "pytester" in request.fixturenames:
         request.getfixturevalue("pytester")  # it clears PYTEST_ADDOPTS when it is set up
         addopts = f"{os.environ.get('PYTEST_ADDOPTS', '')} -p no:asyncio".strip()
         monkeypatch.setenv("PYTEST_ADDOPTS", addopts)
+        # a run inside an xdist worker is a user's plain run, not a worker's (pytest-benchmark
+        # reads these and would disable itself, with a warning)
+        for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+            monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(autouse=True)
@@ -75,3 +80,48 @@ def sim_url() -> Iterator[str]:
 
     with running_simulator_process(SimOptions(profile="tiny", speed=4.0)) as url:
         yield url
+
+
+# -- the suite's kinds and its parallel groups (docs/testing.md) ------------------------------
+
+#: the folder a test lives in names its kind; each kind is a marker (``-m "not engine"``)
+KINDS = {
+    "unit": "unit",
+    "core": "core",
+    "sim": "sim",
+    "hostile": "hostile",
+    "plugin": "plugin",
+    "page": "browser",
+    "vllm": "engine",
+    "engines": "engine",
+}
+
+
+def _group(item: pytest.Item) -> str | None:
+    """The xdist group that keeps a test with the tests it shares an expensive fixture with:
+    every test of the real vLLM server (one session-scoped server a worker), and the tests of
+    a module that sets up a module-scoped fixture of its own (a battery, a browser, an engine's
+    server, a series of runs), so that each such fixture is set up once, not once a worker."""
+    if "vllm_server" in getattr(item, "fixturenames", ()):
+        return "vllm"
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in info.name2fixturedefs.values() if info is not None else ():
+        last = defs[-1]
+        if last.scope in ("module", "package") and last.baseid.startswith("tests/"):
+            return item.nodeid.split("::", 1)[0]
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            folder = item.path.resolve().relative_to(root).parts[0]
+        except ValueError:
+            continue
+        kind = KINDS.get(folder)
+        if kind is not None:
+            item.add_marker(kind)
+        group = _group(item)
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))

@@ -15,17 +15,26 @@ pytestmark = pytest.mark.slow
 PROFILE = "sim:h200-qwen3.5-27b-int4"
 ARGS = (
     "--llm-contexts=8K,32K",
-    "--llm-concurrency=1,4,16,64",
+    "--llm-concurrency=1,2,64",
     "--llm-duration=2",
     "-m",
     "decode",
     "-p",
     "no:randomly",
 )
-#: at speed 10 the 8K cells' per-request tok/s are about 1,474 ± 0.8 % / 1,380 ± 0.8 % / 1,073
-#: ± 8 % / 498 ± 6 % (c1 / c4 / c16 / c64): 1,300 lies between c4 and c16, and 10 % slower
-#: puts c4 (1,242) below it; 32K: 1,442 / 1,273 / 863
-OBJECTIVES = "per_request_tok_s>=1300,ttft<=1s"
+#: at speed 10 the 8K cells' per-request tok/s are about 1,474 / 1,450 / 498 (c1 / c2 / c64;
+#: 32K: 1,442 / 1,420 / over capacity): the bound is far from c1 and c2 (−45 %) and from c64
+#: (+61 %), and a busy machine only slows a simulator (a nice'd run beside a benchmark read c1
+#: 1,170-1,586 at 10x, −21 % at worst). So the capacity is 2 at both contexts on any machine
+#: these tests run on, and an unchanged run keeps it; at speed 3 (70 % slower) c1 is about
+#: 440: a miss on any machine.
+OBJECTIVES = "per_request_tok_s>=800,ttft<=1s"
+
+
+def next_concurrency(doc, requests):
+    """The concurrency measured after ``requests`` (the cell that stopped the capacity)."""
+    levels = sorted({c["concurrency"] for c in doc["cells"] if c["phase"] == "decode"})
+    return levels[levels.index(requests) + 1] if requests else levels[0]
 
 
 def run(pytester, speed, *extra):
@@ -47,7 +56,7 @@ def read_capacity(doc):
             # a figure without an interval (one request in the window): its value
             rate_low = (c.get("per_request_tok_s_ci") or [c["per_request_tok_s"]])[0]
             ttft_high = (c.get("ttft_ms_ci") or [c["ttft_ms"]])[-1]
-            if not (rate_low >= 1300 and ttft_high <= 1000):
+            if not (rate_low >= 800 and ttft_high <= 1000):
                 break
             best = c["concurrency"]
         out[context] = best
@@ -67,11 +76,11 @@ def test_the_capacity_is_what_the_cells_figures_say(pytester):
     doc = json.loads((pytester.path / "r.json").read_text())
     reported = {k: v["requests"] for k, v in doc["run"]["capacity"].items()}
     assert reported == read_capacity(doc)
-    assert reported["8K"] is not None and reported["8K"] < 16, doc["run"]["capacity"]
+    assert reported["8K"] == 2, doc["run"]["capacity"]
     # what stopped each: the cell's own words
     stop = doc["run"]["capacity"]["8K"]["stopped_by"]
     # a miss, or on a busy machine an interval that straddles the bound (it stops it too)
-    after = reported["8K"] * 4
+    after = next_concurrency(doc, reported["8K"])
     assert stop.startswith(
         (f"{after} misses per_request_tok_s: ", f"{after} too close to call: per_request_tok_s: ")
     ), stop
@@ -107,18 +116,17 @@ def test_a_run_whose_capacity_dropped_fails_the_gate_and_an_unchanged_one_passes
     assert saved.ret == 0, saved.stdout.str()
     text = (pytester.path / "b.toml").read_text()
     assert f'objectives = "{OBJECTIVES}"' in text
-    # the baseline keeps the capacity the run measured (4 at 8K and 1 at 32K on a quiet
-    # machine; a busy one can widen c4's interval to the bound, and the capacity is then 1)
+    # the baseline keeps the capacity the run measured (2 at each context)
     doc = json.loads((pytester.path / "r.json").read_text())
     measured = {k: v["requests"] or 0 for k, v in doc["run"]["capacity"].items()}
     kept = tomllib.loads(text)["slo"]["capacity"]
     assert kept == measured, (kept, measured)
-    assert kept["8K"] >= 1, kept  # c1 at 8K is 13 % above the bound
+    assert kept["8K"] >= 1, kept  # c1 at 8K is 84 % above the bound
     same = run(pytester, 10, f"--llm-slo={OBJECTIVES}", "--llm-baseline=b.toml")
     assert same.ret == 0, same.stdout.str()
-    # 40 % slower: c1 at 8K (about 885 per-request tok/s) is far below the bound, whatever
+    # 70 % slower: c1 at 8K (about 440 per-request tok/s) is far below the bound, whatever
     # the machine, so the capacity kept drops to none
-    slower = run(pytester, 6, f"--llm-slo={OBJECTIVES}", "--llm-baseline=b.toml", "--llm-confirm=0")
+    slower = run(pytester, 3, f"--llm-slo={OBJECTIVES}", "--llm-baseline=b.toml", "--llm-confirm=0")
     assert slower.ret == 1, slower.stdout.str()
     out = slower.stdout.str()
     assert f"8K: capacity at SLO {kept['8K']} → 0: decode[8K-c1] misses per_request_tok_s" in out
