@@ -201,6 +201,39 @@ async def test_done_ends_the_stream_when_the_server_keeps_it_open(raw):
     assert took < 3.0
 
 
+async def test_done_ends_the_request_there_and_a_held_stream_is_counted(raw):
+    """[DONE], then the response held open (8 s of pings): the request ends at its [DONE]
+    (not in flight while the server holds it), and the rest is read off the request's clock,
+    closed after DONE_GRACE_S and counted once."""
+    server, url = raw
+    server.respond = streaming([*GOOD, b"data: [DONE]\n\n", *([b": ping\n\n"] * 40)], gap=0.2)
+    conn = Connection.open(url, None, 5.0)
+    try:
+        rec = await stream_request(conn, "/v1/completions", BODY, StreamRecord(keep_reads=True))
+        assert rec.error is None and rec.tally.done
+        # it ended with the read that brought [DONE] (~0.6 s), not when the server let go
+        (t_done,) = [t for t, data in rec.reads if b"[DONE]" in data]
+        assert rec.t_end == t_done and rec.reads[-1][0] == t_done
+        assert conn.held_open == 0 and len(conn.drains) == 1  # being read off the clock
+        await asyncio.gather(*conn.drains)
+        assert conn.held_open == 1 and not conn.drains
+    finally:
+        await conn.close()
+
+
+async def test_done_then_the_bodys_end_gives_the_connection_back(raw):
+    server, url = raw
+    server.respond = streaming([*GOOD, b"data: [DONE]\n\n"])
+    conn = Connection.open(url, None, 5.0)
+    try:
+        rec = await stream_request(conn, "/v1/completions", BODY)
+        assert rec.error is None and rec.tally.done
+        await asyncio.gather(*conn.drains)
+        assert conn.held_open == 0
+    finally:
+        await conn.close()
+
+
 async def test_a_line_without_an_end_is_capped(raw):
     """4 MiB of one event and no newline: refused once past 1 MiB, not read to the end."""
     server, url = raw
