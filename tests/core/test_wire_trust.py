@@ -21,8 +21,10 @@ from pytest_llmspeed.core.errors import (
     Redirected,
     ServerUnreachable,
 )
+from pytest_llmspeed.core.protocol import wire_flags
 from pytest_llmspeed.core.streams import PromptSource, Streams
 from pytest_llmspeed.core.wire import StreamTally
+from pytest_llmspeed.results import Flag, FlagKind
 
 pytestmark = pytest.mark.asyncio
 
@@ -230,6 +232,27 @@ async def test_done_then_the_bodys_end_gives_the_connection_back(raw):
         assert rec.error is None and rec.tally.done
         await asyncio.gather(*conn.drains)
         assert conn.held_open == 0
+    finally:
+        await conn.close()
+
+
+async def test_what_the_streams_did_is_said_in_the_cells_flags():
+    conn = Connection.open("http://127.0.0.1:9", None, 1.0)
+    try:
+        early, plain = StreamRecord(), StreamRecord()
+        early.tally.announced = 1
+        assert wire_flags([plain], conn) == []
+        conn.held_open = 2
+        first = wire_flags([early, plain, early], conn)
+        assert first == [
+            Flag(FlagKind.USAGE_BEFORE_TOKENS, "2 token(s) in 2 of 3 requests"),
+            Flag(FlagKind.HELD_AFTER_DONE, "2 stream(s), for 0.5 s each"),
+        ]
+        held = first[1].text()
+        assert held.startswith("the server held streams open after their data: [DONE]: 2 stream")
+        assert "each request ended at its [DONE]" in first[1].text()
+        conn.held_open = 5
+        assert wire_flags([plain], conn) == []  # the hold is said once a run
     finally:
         await conn.close()
 
