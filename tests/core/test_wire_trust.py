@@ -22,6 +22,7 @@ from pytest_llmspeed.core.errors import (
     ServerUnreachable,
 )
 from pytest_llmspeed.core.protocol import wire_flags
+from pytest_llmspeed.core.replicas import ReplicaSet
 from pytest_llmspeed.core.streams import PromptSource, Streams
 from pytest_llmspeed.core.wire import StreamTally
 from pytest_llmspeed.results import Flag, FlagKind
@@ -255,6 +256,14 @@ async def test_what_the_streams_did_is_said_in_the_cells_flags():
         assert wire_flags([plain], conn) == []  # the hold is said once a run
     finally:
         await conn.close()
+
+
+async def test_closing_replicas_stops_every_connections_reads_after_done():
+    replicas = ReplicaSet.open(["http://127.0.0.1:9", "http://127.0.0.1:10"], None, 1.0)
+    held = asyncio.get_running_loop().create_task(asyncio.sleep(60))
+    replicas.connections[1].drains.add(held)
+    await replicas.close()
+    assert held.cancelled()
 
 
 async def test_a_line_without_an_end_is_capped(raw):

@@ -134,11 +134,15 @@ class Connection:
         return f"{self.base_url}{path}"
 
     async def close(self) -> None:
+        await self.end_drains()
+        await self.session.close()
+        await self.fresh.close()
+
+    async def end_drains(self) -> None:
+        """Stop reading the bodies after ``[DONE]`` still being read (:meth:`after_done`)."""
         for task in list(self.drains):
             task.cancel()
         await asyncio.gather(*self.drains, return_exceptions=True)
-        await self.session.close()
-        await self.fresh.close()
 
     def after_done(self, resp: aiohttp.ClientResponse) -> None:
         """A stream ended at its ``[DONE]`` (the request is over) before the server ended its
