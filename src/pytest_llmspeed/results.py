@@ -677,6 +677,10 @@ class FlagKind(StrEnum):
     SERVER_VALUES_REFUSED = "server_values_refused"
     #: a counter went back inside the window: the cell's server figures are not kept
     SERVER_WENT_BACK = "server_went_back"
+    #: usage counted tokens before the chunk that carried them (a usage-only first chunk)
+    USAGE_BEFORE_TOKENS = "usage_before_tokens"
+    #: the server held streams open after their ``[DONE]`` (said once a run)
+    HELD_AFTER_DONE = "held_after_done"
 
 
 _FLAG_KINDS = frozenset(k.value for k in FlagKind)
@@ -693,6 +697,14 @@ _FLAG_WORDS = {
     FlagKind.SERVER_WENT_BACK: (
         "server figures not kept: ",
         " (the server restarted, or its counters are not to be trusted)",
+    ),
+    FlagKind.USAGE_BEFORE_TOKENS: (
+        "usage counted tokens before the chunk that carried them: ",
+        " (each request's first token is its first chunk that carries one)",
+    ),
+    FlagKind.HELD_AFTER_DONE: (
+        "the server held streams open after their data: [DONE]: ",
+        " (each request ended at its [DONE], the stream closed by the client)",
     ),
 }
 

@@ -21,8 +21,11 @@ from pytest_llmspeed.core.errors import (
     Redirected,
     ServerUnreachable,
 )
+from pytest_llmspeed.core.protocol import wire_flags
+from pytest_llmspeed.core.replicas import ReplicaSet
 from pytest_llmspeed.core.streams import PromptSource, Streams
 from pytest_llmspeed.core.wire import StreamTally
+from pytest_llmspeed.results import Flag, FlagKind
 
 pytestmark = pytest.mark.asyncio
 
@@ -199,6 +202,68 @@ async def test_done_ends_the_stream_when_the_server_keeps_it_open(raw):
     assert rec.error is None
     assert rec.tally.done and rec.tally.completion_tokens == 3
     assert took < 3.0
+
+
+async def test_done_ends_the_request_there_and_a_held_stream_is_counted(raw):
+    """[DONE], then the response held open (8 s of pings): the request ends at its [DONE]
+    (not in flight while the server holds it), and the rest is read off the request's clock,
+    closed after DONE_GRACE_S and counted once."""
+    server, url = raw
+    server.respond = streaming([*GOOD, b"data: [DONE]\n\n", *([b": ping\n\n"] * 40)], gap=0.2)
+    conn = Connection.open(url, None, 5.0)
+    try:
+        rec = await stream_request(conn, "/v1/completions", BODY, StreamRecord(keep_reads=True))
+        assert rec.error is None and rec.tally.done
+        # it ended with the read that brought [DONE] (~0.6 s), not when the server let go
+        (t_done,) = [t for t, data in rec.reads if b"[DONE]" in data]
+        assert rec.t_end == t_done and rec.reads[-1][0] == t_done
+        assert conn.held_open == 0 and len(conn.drains) == 1  # being read off the clock
+        await asyncio.gather(*conn.drains)
+        assert conn.held_open == 1 and not conn.drains
+    finally:
+        await conn.close()
+
+
+async def test_done_then_the_bodys_end_gives_the_connection_back(raw):
+    server, url = raw
+    server.respond = streaming([*GOOD, b"data: [DONE]\n\n"])
+    conn = Connection.open(url, None, 5.0)
+    try:
+        rec = await stream_request(conn, "/v1/completions", BODY)
+        assert rec.error is None and rec.tally.done
+        await asyncio.gather(*conn.drains)
+        assert conn.held_open == 0
+    finally:
+        await conn.close()
+
+
+async def test_what_the_streams_did_is_said_in_the_cells_flags():
+    conn = Connection.open("http://127.0.0.1:9", None, 1.0)
+    try:
+        early, plain = StreamRecord(), StreamRecord()
+        early.tally.announced = 1
+        assert wire_flags([plain], conn) == []
+        conn.held_open = 2
+        first = wire_flags([early, plain, early], conn)
+        assert first == [
+            Flag(FlagKind.USAGE_BEFORE_TOKENS, "2 token(s) in 2 of 3 requests"),
+            Flag(FlagKind.HELD_AFTER_DONE, "2 stream(s), for 0.5 s each"),
+        ]
+        held = first[1].text()
+        assert held.startswith("the server held streams open after their data: [DONE]: 2 stream")
+        assert "each request ended at its [DONE]" in first[1].text()
+        conn.held_open = 5
+        assert wire_flags([plain], conn) == []  # the hold is said once a run
+    finally:
+        await conn.close()
+
+
+async def test_closing_replicas_stops_every_connections_reads_after_done():
+    replicas = ReplicaSet.open(["http://127.0.0.1:9", "http://127.0.0.1:10"], None, 1.0)
+    held = asyncio.get_running_loop().create_task(asyncio.sleep(60))
+    replicas.connections[1].drains.add(held)
+    await replicas.close()
+    assert held.cancelled()
 
 
 async def test_a_line_without_an_end_is_capped(raw):

@@ -26,7 +26,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from pytest_llmspeed.sim.hostile import CASES, INJECTED, MARKDOWN, encoded_key
+from pytest_llmspeed.sim.hostile import ANNOUNCED_S, CASES, INJECTED, MARKDOWN, encoded_key
 
 from .conftest import CELLS, KEY, Outcome, Spec, check_common, json_strings, leaks, start_server
 
@@ -70,6 +70,10 @@ RUNS |= {
     "finish_esc": Spec("finish_esc", MID),
     "stop_at_once": Spec("stop_at_once", MID),
     "after_done": Spec("after_done", MID),
+    # usage that does not count what was sent, refereed by the stream and the counter
+    "usage_double": Spec("usage_double", MID),
+    "usage_half": Spec("usage_half", MID),
+    "usage_first": Spec("usage_first"),
     "close_after_headers": Spec("close_after_headers", MID),
     "stream_bad_chunk": Spec("stream_bad_chunk", MID),
     "stream_gzip_bomb": Spec("stream_gzip_bomb", MID),
@@ -381,6 +385,25 @@ EXPECT: dict[str, Check] = {
     ),
     # nothing after [DONE] is counted: the figures are the server's counter's (the referee)
     "after_done": all_of(all_valid, no_words("not to be trusted")),
+    # twice the tokens sent: the counter rose by fewer than were received before its read
+    # (a token is generated before it is sent), whatever the window's length
+    "usage_double": all_of(
+        fails_requests("usage counts more tokens than it sent"),
+        no_words("lagging", "lags", unless="not a lagging"),
+    ),
+    # half: each chunk with text carries a token, so the usage is refused at the stream's end
+    "usage_half": fails_requests("fewer than the"),
+    # a usage-only first chunk: the TTFT waits for the first chunk with a token (its text
+    # 0.3 s later), and a note says the usage came first
+    "usage_first": all_of(
+        all_valid,
+        named("", "before the chunk that carried them"),
+        lambda o: (
+            []
+            if (o.cells.get("prefill[1K]", {}).get("ttft_ms") or 0) >= ANNOUNCED_S * 1e3
+            else [f"prefill TTFT {o.cells.get('prefill[1K]', {}).get('ttft_ms')} ms"]
+        ),
+    ),
     "close_after_headers": fails_requests("stream broken", "not completed"),
     "stream_bad_chunk": fails_requests("stream broken", "chunk", "finish_reason"),
     "stream_gzip_bomb": fails_requests("content-encoding"),
@@ -420,9 +443,10 @@ EXPECT: dict[str, Check] = {
     ),
     "ping_forever": stops_with("/v1/completions", "token", "timeout", "within"),
     "token_trickle": stops_with("/v1/completions", "token", "timeout", "within"),
-    # [DONE] ends a stream: the figures are right, the cells valid
+    # [DONE] ends a stream: the figures are right, the cells valid, the hold said once
     "done_keep_open": all_of(
         goes_on,
+        named("", "open after their data: [DONE]"),
         lambda o: (
             []
             if len(valid_cells(o)) == 3

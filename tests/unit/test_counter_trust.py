@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from pytest_llmspeed.core.client import StreamRecord
 from pytest_llmspeed.core.protocol import (
     DecodeResult,
     MetricsRead,
+    _counter_room,
     _window_figures,
     _window_flags,
     counter_disagreement,
@@ -19,7 +21,7 @@ from pytest_llmspeed.core.protocol import (
 from pytest_llmspeed.core.server_figures import snapshot as server_snapshot
 from pytest_llmspeed.core.stats import DecodeStats
 from pytest_llmspeed.core.status import cell_status
-from pytest_llmspeed.report.notes import COUNTER_LAG, note_lines
+from pytest_llmspeed.report.notes import COUNTER_EARLY, COUNTER_LAG, note_lines
 from pytest_llmspeed.results import Flag, FlagKind, Status
 
 from .test_server_values import metrics, record
@@ -147,3 +149,94 @@ def test_a_counter_not_to_be_trusted_is_no_counter_lag_note():
         received_span=(990, 1000), tokens="usage",
     )  # fmt: skip
     assert not any(COUNTER_LAG.heading in line for line in note_lines([cell]))
+
+
+# -- the referee's bounds (docs/trust.md, "The referee's bounds") -----------------------------
+# decode(): c2, max output 64, 990-1000 tokens received over the counter's span; the bracket's
+# own slack is 5 % of 1,000 + 8 tokens a stream = 66 tokens
+
+
+@pytest.mark.parametrize("risen", [500.0, 900.0])
+def test_a_counter_below_the_tokens_received_before_its_close_read_fails_the_cell(risen):
+    # a usage that says twice what was sent: whatever the window, fewer were generated from
+    # before the cell's first request than were received (a token is generated first)
+    result = decode(generation_tokens_delta=995.0, counter_floor=(risen, 1200))
+    reason = counter_disagreement(result)
+    assert reason is not None
+    assert "fewer generated than received" in reason
+    assert "usage counts more tokens than it sent" in reason and "not to be trusted" in reason
+    assert "lagging" not in reason
+    assert cell_status(result).status is Status.FAILED
+
+
+def test_the_floor_allows_the_brackets_slack():
+    # 1,200 received: 5 % + 8 a stream = 76 tokens short of them is within the bound
+    assert counter_disagreement(decode(counter_floor=(1125.0, 1200))) is None
+    assert counter_disagreement(decode(counter_floor=(1123.0, 1200))) is not None
+
+
+def test_the_floor_with_estimated_tokens_blames_the_estimate():
+    result = decode(counter_floor=(500.0, 1200), token_accounting="chunk-count")
+    reason = counter_disagreement(result)
+    assert reason is not None and "estimate counted tokens the server did not generate" in reason
+
+
+def test_a_counter_above_what_the_open_requests_could_still_send_fails_the_cell():
+    # the requests open at the close could still have generated 100 tokens: a counter 1,000 +
+    # 100 + 66 above is tokens the server counted and never streamed (a usage that says less)
+    result = decode(generation_tokens_delta=1167.0, counter_room=(40, 100))
+    reason = counter_disagreement(result)
+    assert reason is not None
+    assert "more than the requests open at the window's close" in reason
+    assert "100 tokens" in reason and "usage counts fewer than it sent" in reason
+    assert "not a lagging server" in reason and cell_status(result).status is Status.FAILED
+    # within it: the server's lag
+    within = decode(generation_tokens_delta=1165.0, counter_room=(40, 100))
+    assert counter_disagreement(within) is None
+
+
+def test_a_counter_below_what_the_window_received_past_its_room_fails_the_cell():
+    # received 990-1000; the requests open at the start could have generated 40 of them
+    # before it: a counter below 990 - 40 - 66 = 884 credited tokens never generated
+    result = decode(generation_tokens_delta=883.0, counter_room=(40, 100))
+    reason = counter_disagreement(result)
+    assert reason is not None and "fewer generated than received" in reason
+    assert "40 tokens" in reason and "usage counts more than it sent" in reason
+    assert "lagging" not in reason
+    within = decode(generation_tokens_delta=885.0, counter_room=(40, 100))
+    assert counter_disagreement(within) is None
+
+
+def test_a_counter_behind_within_its_room_is_not_called_a_lag():
+    cell = record(generation_tokens_delta=885.0, received_span=(990, 1000), tokens="usage")
+    lines = note_lines([cell])
+    assert any(COUNTER_EARLY.heading in line for line in lines)
+    assert not any(COUNTER_LAG.heading in line for line in lines)
+    assert "lagging" not in COUNTER_EARLY.heading
+
+
+def stream(
+    sent: float,
+    times: list[float],
+    counts: list[int],
+    end: float | None = None,
+    error: str | None = None,
+) -> StreamRecord:
+    return StreamRecord(t_send=sent, t_end=end, token_times=times, token_counts=counts, error=error)
+
+
+def test_the_room_is_what_the_requests_open_at_each_read_could_hold():
+    # max output 64; the window's reads at 1.0-1.1 (open) and 5.0-5.1 (close)
+    records = [
+        # open at the open read (10 received before it, 20 after): at most 20 of those after
+        # were generated before it; done before the close read: nothing left to generate
+        stream(0.0, [0.5, 2.0], [10, 20], end=3.0),
+        # open at both: 5 before, 10 after; 64 - 15 left at the close
+        stream(0.5, [0.8, 4.0], [5, 10]),
+        # sent after the open read, ended by an error inside the window: what it did not
+        # send (64 - 3) may have been generated
+        stream(2.0, [2.5], [3], end=4.5, error="stream broken"),
+        stream(0.0, [0.2], [64], end=0.5),  # over before the window
+        stream(5.2, [], []),  # sent after the close read
+    ]
+    assert _counter_room(records, 64, (1.0, 1.1), (5.0, 5.1)) == (20 + 10, 49 + 61)

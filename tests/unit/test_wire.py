@@ -256,3 +256,81 @@ def test_a_tool_call_that_is_not_an_object_breaks_the_stream(calls, words):
     with pytest.raises(MalformedAnswer) as err:
         chat_tally([chat_event(1, content="a"), chat_event(2, tool_calls=calls)], tools=True)
     assert words in f"{err.value.field} {err.value.what}"
+
+
+# -- usage that says something else than what the stream carried (docs/trust.md) -------------
+
+
+def text_event(text: str, count: int | None, compact: bool = True) -> bytes:
+    obj: dict[str, object] = {"choices": [{"index": 0, "text": text, "finish_reason": None}]}
+    if count is not None:
+        obj["usage"] = {"prompt_tokens": 4, "completion_tokens": count}
+    return event(obj, compact)
+
+
+USAGE_ONLY = event({"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 1}}, True)
+
+
+def test_a_usage_only_first_chunk_moves_no_clock():
+    # a usage-only chunk (no choice) that counts a token, its text 0.3 s later: the first
+    # token is the chunk that carried it, and the count said before it is kept (for a note)
+    tally = StreamTally()
+    assert not tally.feed(1.0, USAGE_ONLY)
+    assert not tally.seen_token and tally.announced == 1
+    assert tally.feed(1.3, text_event("a", 2))
+    assert (list(tally.usage_times), list(tally.usage_counts)) == ([1.3], [2])
+    # the same, parsed after the cell: the record's first token is at 1.3
+    parsed = parse_stream([(1.0, USAGE_ONLY), (1.3, text_event("a", 2)), (1.4, text_event("b", 3))])
+    assert (list(parsed.usage_times), list(parsed.usage_counts)) == ([1.3, 1.4], [2, 1])
+    assert parsed.announced == 1 and parsed.broken is None
+
+
+def test_a_chunk_with_a_choice_and_no_text_still_carries_its_token():
+    # a byte of a character (byte-level tokenizers): an empty text with a rise is a token
+    # (docs/metrics.md), and announces nothing
+    tally = parse_stream([(1.0, text_event("", 1)), (1.2, text_event("ab", 2))])
+    assert (list(tally.usage_times), list(tally.usage_counts)) == ([1.0, 1.2], [1, 1])
+    assert tally.announced == 0
+
+
+def test_a_usage_chunk_after_the_last_text_counts_at_that_texts_time():
+    reads = [
+        (1.0, text_event("a", None)),
+        (2.0, text_event("b", None)),
+        (2.1, USAGE_ONLY.replace(b'"completion_tokens":1', b'"completion_tokens":2')),
+    ]
+    tally = parse_stream(reads)
+    assert (list(tally.usage_times), list(tally.usage_counts)) == ([2.0], [2])
+    assert tally.announced == 0 and tally.completion_tokens == 2
+
+
+@pytest.mark.parametrize("per_read", [1, 3])
+def test_usage_below_the_chunks_with_output_breaks_the_stream(per_read):
+    # half the tokens sent (each chunk carries one): counted or parsed, the stream is refused
+    # at its end, naming what its usage did not count
+    events = [text_event(f"w{i}", (i + 2) // 2) for i in range(12)]
+    tally = StreamTally()
+    for i in range(0, len(events), per_read):
+        tally.feed(float(i), b"".join(events[i : i + per_read]))
+    assert tally.broken is None  # a count may lag its chunks until the end
+    tally.close()
+    assert tally.broken is not None and tally.broken.field == "usage.completion_tokens"
+    assert "fewer than the 12 chunks with output" in tally.broken.what
+
+
+def test_usage_of_several_tokens_a_chunk_is_not_refused():
+    events = b"".join(text_event(f"w{i}", 2 * (i + 1)) for i in range(6))
+    tally = parse_stream([(1.0, events[: len(events) // 2]), (2.0, events[len(events) // 2 :])])
+    assert tally.broken is None and tally.completion_tokens == 12
+
+
+def test_a_usage_only_chunk_mid_stream_counts_with_the_next_chunk_that_carries_one():
+    tally = StreamTally()
+    for i in range(3):
+        tally.feed(float(i), text_event(f"w{i}", i + 1))
+    assert tally.fast  # counted without a parse from here on
+    later = USAGE_ONLY.replace(b'"completion_tokens":1', b'"completion_tokens":4')
+    tally.feed(3.0, later)
+    tally.feed(3.5, text_event("w3", 5))
+    assert list(tally.usage_times)[-1] == 3.5 and list(tally.usage_counts)[-1] == 2
+    assert 3.0 not in tally.usage_times and tally.announced == 0

@@ -43,6 +43,11 @@ ERROR_BODY_LIMIT = 64 << 10
 #: a request's total time is bounded by the timeout plus its max_tokens at this rate (tok/s):
 #: far below any real server's per-request rate (docs/trust.md)
 FLOOR_TOK_S = 1.0
+#: a stream ends at its ``[DONE]``; what the server sends after it (its body's end, at once on
+#: a well-behaved server) is read off the request's clock for at most this long, so that its
+#: connection goes back to the pool, and at most this much of it (docs/trust.md)
+DONE_GRACE_S = 0.5
+MAX_AFTER_DONE = 64 << 10
 _MAX_TOKENS = re.compile(rb'"max_tokens":\s*(\d{1,9})')
 #: a request body that offers tools (``--llm-tools``), looked for in its last bytes, where a
 #: body the plugin encodes has its fields (core/prompts.py, ``Prompt.encode``)
@@ -94,6 +99,13 @@ class Connection:
     #: for a request whose pooled connection was found closed: a new connection each time
     #: (shared, like ``session``, by the connections of one set of replicas)
     fresh: FreshConnections = field(default_factory=lambda: FreshConnections())
+    #: streams that ended at ``[DONE]`` before the server ended them, read to their end off
+    #: any request's clock (:meth:`after_done`)
+    drains: set[asyncio.Task[None]] = field(default_factory=set)
+    #: streams the server held open for DONE_GRACE_S after their ``[DONE]`` (then closed)
+    held_open: int = 0
+    #: a cell's notes said so (once a run: :func:`~.protocol.wire_notes`)
+    held_open_said: bool = False
 
     @classmethod
     def open(cls, base_url: str, api_key: str | Secret | None, timeout: float) -> Connection:
@@ -122,8 +134,42 @@ class Connection:
         return f"{self.base_url}{path}"
 
     async def close(self) -> None:
+        await self.end_drains()
         await self.session.close()
         await self.fresh.close()
+
+    async def end_drains(self) -> None:
+        """Stop reading the bodies after ``[DONE]`` still being read (:meth:`after_done`)."""
+        for task in list(self.drains):
+            task.cancel()
+        await asyncio.gather(*self.drains, return_exceptions=True)
+
+    def after_done(self, resp: aiohttp.ClientResponse) -> None:
+        """A stream ended at its ``[DONE]`` (the request is over) before the server ended its
+        body: the rest is read off any request's clock, so that a server that ends it at once
+        gives its connection back to the pool; one that holds it open for DONE_GRACE_S is
+        closed then and counted (``held_open``)."""
+        task = asyncio.get_running_loop().create_task(self._drain(resp))
+        self.drains.add(task)
+        task.add_done_callback(self.drains.discard)
+
+    async def _drain(self, resp: aiohttp.ClientResponse) -> None:
+        read = 0
+        try:
+            async with asyncio.timeout(DONE_GRACE_S):
+                while data := await resp.content.readany():
+                    read += len(data)  # not looked at: nothing after [DONE] is read
+                    if read > MAX_AFTER_DONE:
+                        raise TimeoutError
+            resp.release()  # ended: the connection goes back to the pool
+        except TimeoutError:
+            self.held_open += 1
+            resp.close()
+        except asyncio.CancelledError:
+            resp.close()
+            raise
+        except (aiohttp.ClientError, HttpProcessingError, OSError):
+            resp.close()
 
     async def warm_pool(self, n: int) -> None:
         """Open ``n`` pooled keep-alive connections, so that starting n streams at once
@@ -529,7 +575,8 @@ async def stream_request(
         rec.t_send = clock()
         async with asyncio.timeout(None) as bound:
             watch = Watchdog(tally, rec.t_send, conn.timeout, max_tokens, bound)
-            async with await conn.send("POST", path, **kwargs) as resp:
+            async with _Answer(await conn.send("POST", path, **kwargs), conn) as answer:
+                resp = answer.resp
                 rec.status = resp.status
                 if resp.status != 200:
                     conn.refuse_redirect(resp, path)
@@ -557,7 +604,12 @@ async def stream_request(
                             if on_first_token is not None:
                                 on_first_token(rec)
                         if tally.done:
-                            watch.done()  # [DONE] ends the stream, whether or not the server closes
+                            # [DONE] ends the request at once, whether or not the server ends
+                            # its body: a body not ended yet is read to its end off the
+                            # request's clock (Connection.after_done)
+                            rec.t_end = t
+                            answer.ended_at_done = not resp.content.at_eof()
+                            break
                 except (asyncio.CancelledError, TimeoutError):
                     if _connection_gone(resp):  # aiohttp reads nothing more of it: say why
                         rec.error = f"{path}: {GONE}"
@@ -582,7 +634,7 @@ async def stream_request(
     except KeyRejected:
         raise
     except TimeoutError:
-        if (watch is None or watch.why != Watchdog.DONE) and not rec.error:
+        if not rec.error:
             rec.error = (
                 watch.why
                 if watch is not None and watch.why
@@ -602,7 +654,8 @@ async def stream_request(
     finally:
         if watch is not None:
             watch.cancel()
-    rec.t_end = clock()
+    if not tally.done or rec.t_end is None:
+        rec.t_end = clock()
     tally.close(cut=rec.cancelled)  # its text goes, where its total is exact
     if tally.broken is not None and not rec.error:
         broken = tally.broken
@@ -638,19 +691,37 @@ def _cut_short(ctype: str, done: bool = False) -> str:
     return f"{what}: it answered {for_person(ctype or 'no Content-Type', 60)}, not an event stream"
 
 
+class _Answer:
+    """A streamed answer as ``async with`` holds it: released at the end (its connection back
+    to the pool, or closed where its body was not read to its end), or, where its stream ended
+    at ``[DONE]`` before the body did, handed to :meth:`Connection.after_done`."""
+
+    __slots__ = ("conn", "ended_at_done", "resp")
+
+    def __init__(self, resp: aiohttp.ClientResponse, conn: Connection) -> None:
+        self.resp, self.conn = resp, conn
+        self.ended_at_done = False
+
+    async def __aenter__(self) -> _Answer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.ended_at_done and exc[0] is None:
+            self.conn.after_done(self.resp)
+            return
+        self.resp.release()
+        await self.resp.wait_for_close()
+
+
 class Watchdog:
     """The time bounds of one stream (docs/trust.md): its first token within the timeout of
     its send, each gap between tokens within the timeout, and the whole request within the
     timeout plus its max_tokens at FLOOR_TOK_S. A token is an event with output or a rise of
     its usage: comments, keep-alives and whitespace do not count. It wakes when a bound is
     due, never once a read, and expires the request's ``asyncio.timeout``; ``why`` says
-    which bound it was (:attr:`DONE`: the stream sent ``[DONE]`` and did not end)."""
+    which bound it was."""
 
-    DONE = "done"
-    #: seconds a stream may go on after its [DONE] before it is closed
-    DONE_GRACE_S = 0.5
-
-    __slots__ = ("bound", "ended", "handle", "loop", "t_send", "tally", "timeout", "total", "why")
+    __slots__ = ("bound", "handle", "loop", "t_send", "tally", "timeout", "total", "why")
 
     def __init__(
         self,
@@ -663,7 +734,6 @@ class Watchdog:
         self.tally, self.t_send, self.timeout, self.bound = tally, t_send, timeout, bound
         self.total = timeout + (max_tokens if max_tokens is not None else 4096) / FLOOR_TOK_S
         self.why: str | None = None
-        self.ended = False  # [DONE] came
         self.loop = asyncio.get_running_loop()
         self.handle: asyncio.TimerHandle | None = self.loop.call_later(timeout, self.check)
 
@@ -701,13 +771,6 @@ class Watchdog:
         self.handle = None
         self.why = why
         self.bound.reschedule(self.loop.time())
-
-    def done(self) -> None:
-        """[DONE] came: the stream ends at the server's close, or DONE_GRACE_S from now."""
-        if not self.ended and self.why is None and self.handle is not None:
-            self.ended = True
-            self.handle.cancel()
-            self.handle = self.loop.call_later(self.DONE_GRACE_S, self.expire, self.DONE)
 
     def cancel(self) -> None:
         if self.handle is not None:

@@ -20,6 +20,7 @@ import numpy as np
 from ..results import Flag, FlagKind
 from .client import (
     CHUNK_COUNT,
+    DONE_GRACE_S,
     EXACT,
     FINAL_USAGE,
     MAX_TOKENS,
@@ -356,6 +357,15 @@ class DecodeResult:
     error_settings: frozenset[str] = frozenset()  # settings that may fix failed requests
     token_flag: Flag | None = None  # how the tokens were counted, when not from continuous usage
     received_span: tuple[int, int] | None = None
+    #: the generation counter's rise from the read before the cell's first request to the
+    #: window's close read, and the tokens received before that read began: every token is
+    #: generated before it is received, so the first is at least the second (the referee's
+    #: floor, :func:`counter_disagreement`); None without a counter at both reads
+    counter_floor: tuple[float, int] | None = None
+    #: the tokens the requests open at the window's open could have been generated before it
+    #: and received inside it, and those the requests open at its close could have generated
+    #: and not yet sent (each max output less what it had received); None: not known (N × M)
+    counter_room: tuple[int, int] | None = None
     window: tuple[float, float] = (0.0, 0.0)  # perf_counter times the window opened and closed
     received_chunks: int = 0  # token-carrying chunks of all streams
     # prompt lengths the server counted (usage.prompt_tokens) that were not C: {tokens: requests}
@@ -582,6 +592,7 @@ async def run_decode(
         aborted,
         full=duration if ended_precise else None,
         request_bounds=request_bounds,
+        counter_before=before.generation_tokens if before is not None else None,
     )
     return dataclasses.replace(
         result,
@@ -592,10 +603,34 @@ async def run_decode(
         client_lag=max(lags, key=lambda lag: (lag.late_s, lag.max_ms)) if lags else None,
         client_cpu=sum(x.cpu_share or 0.0 for x in lags) if lags else None,
         client_processes=used,
-        flags=_window_flags(
-            busy, (read_open, polls, read_close), (server_open, server_polls, server_close)
+        flags=(
+            *_window_flags(
+                busy, (read_open, polls, read_close), (server_open, server_polls, server_close)
+            ),
+            *wire_flags(records, conn),
         ),
     )
+
+
+def wire_flags(records: Sequence[StreamRecord], conn: Connection | ReplicaSet) -> list[Flag]:
+    """What a cell's streams did that the figures do not show (docs/trust.md): usage that
+    counted tokens before the chunk that carried them (a usage-only first chunk: each
+    request's first token is its first chunk that carries one, so the TTFT is not moved by
+    it), and streams the server held open after their ``[DONE]`` (the client ended each
+    there; said once a run, in the cell where it was first seen)."""
+    flags = []
+    early = [r.tally.announced for r in records if r.tally.announced]
+    if early:
+        detail = f"{sum(early):,} token(s) in {len(early)} of {len(records)} requests"
+        flags.append(Flag(FlagKind.USAGE_BEFORE_TOKENS, detail))
+    conns = conn.connections if isinstance(conn, ReplicaSet) else [conn]
+    held = sum(c.held_open for c in conns)
+    if held and not any(c.held_open_said for c in conns):
+        for c in conns:
+            c.held_open_said = True
+        detail = f"{held} stream(s), for {DONE_GRACE_S:g} s each"
+        flags.append(Flag(FlagKind.HELD_AFTER_DONE, detail))
+    return flags
 
 
 @dataclass(frozen=True)
@@ -802,6 +837,38 @@ def _window_figures(
     return invalidated(figures) if figures.reset else figures
 
 
+def _counter_room(
+    records: list[StreamRecord],
+    max_output: int,
+    read_open: tuple[float, float],
+    read_close: tuple[float, float],
+) -> tuple[int, int]:
+    """What the server's generation counter may differ by from the tokens received between
+    the window's two /metrics reads, each read at an unknown moment inside its request
+    (docs/trust.md, "The referee's bounds"): below, the tokens generated before the open read
+    and received after it, at most, for each request open at it, its max output less what it
+    had received, and no more than it received after; above, the tokens generated before the
+    close read and not yet received, at most, for each request open at it (or failed inside
+    the window), its max output less what it had received."""
+    o0, o1 = read_open
+    c0, c1 = read_close
+    below = above = 0
+    for rec in records:
+        times = rec.token_times
+        if not len(times) and rec.t_end is not None and rec.t_end <= o0:
+            continue
+        t = np.asarray(times, dtype=np.float64)
+        c = np.asarray(rec.token_counts, dtype=np.int64)
+        ended = rec.t_end if rec.t_end is not None else math.inf
+        if rec.t_send < o1 and ended > o0:
+            had = int(c[t <= o0].sum())
+            after = int(c[(t > o0) & (t <= c1)].sum())
+            below += min(max(max_output - had, 0), after)
+        if rec.t_send < c1 and (ended > c0 or (rec.error and ended > o0)):
+            above += max(max_output - int(c[t <= c0].sum()), 0)
+    return below, above
+
+
 def _received_between(records: list[StreamRecord], t0: float, t1: float) -> int:
     total = 0
     for rec in records:
@@ -910,6 +977,7 @@ def _decode_result(
     aborted: str | None,
     full: float | None = None,
     request_bounds: RequestBounds | None = None,
+    counter_before: float | None = None,
 ) -> DecodeResult:
     traces: list[RequestTrace] = []
     errors: Counter[str] = Counter()
@@ -947,6 +1015,7 @@ def _decode_result(
     stats = decode_stats(traces, w0, w1, n, full)
     good = goodput(traces, w0, w1, request_bounds) if request_bounds is not None else None
     gen_delta = None
+    room: tuple[int, int] | None = None
     span_min: int | None = None
     span_max: int | None = None
     if span_open and span_close and span_open[2] and span_close[2]:
@@ -957,6 +1026,12 @@ def _decode_result(
             # we received over the same span
             span_min = _received_between(records, span_open[1], span_close[0])
             span_max = _received_between(records, span_open[0], span_close[1])
+            room = _counter_room(records, max_output, span_open[:2], span_close[:2])
+    floor = None
+    if span_close and span_close[2] and counter_before is not None:
+        b = span_close[2].generation_tokens
+        if b is not None and math.isfinite(b) and math.isfinite(counter_before):
+            floor = (b - counter_before, _received_between(records, -math.inf, span_close[0]))
     waits = [s.waiting for s in samples if s.waiting is not None]
     runs = [s.running for s in samples if s.running is not None]
     max_wait = max(waits) if waits else None
@@ -978,6 +1053,8 @@ def _decode_result(
         received_span=(span_min, span_max)
         if span_min is not None and span_max is not None
         else None,
+        counter_floor=floor,
+        counter_room=room,
         max_waiting=max_wait,
         mean_running=mean_run,
         queued=queued,
@@ -1098,22 +1175,30 @@ def _unknown_words(unknown: list[StreamRecord]) -> str:
 
 
 def counter_disagreement(result: DecodeResult) -> str | None:
-    """The server's generation counter as a referee (docs/metrics.md): when it cannot be
-    squared with the tokens received, why the cell's figures cannot be trusted; None when it
-    agrees, the server has no counter, or the gap has a harmless cause.
+    """The server's generation counter as a referee (docs/metrics.md, docs/trust.md): when it
+    cannot be squared with the tokens received, why the cell's figures cannot be trusted, in
+    one line that says which way the counts differ and what it means; None when it agrees,
+    the server has no counter, or the gap has a harmless cause.
 
-    Two causes fail a cell: tokens the cell had to estimate (chunks counted without usage) that
-    the counter contradicts, and a counter above what we received while the server ran more
-    requests than ours (median of its running + waiting gauges above N: another client). A
-    gap with tokens counted exactly and no other requests on the server is the server's own
-    lag, not a fault of the figures: vLLM counts a token when its API server takes it from the
-    engine, before the stream carries it, and a CPU-starved API server streams seconds behind
-    (+5 to +15 % at c1-c8 on vLLM's CPU build beside other work); the cell's notes say so.
-
-    A lag has a bound: the tokens the requests in flight could hold (N × max output). A gap
-    beyond it, a counter that fell over the window or went back between two of its reads (a
-    counter never falls; a server that restarted breaks the streams too) is not a lagging
-    server: the server's counter is not to be trusted, and the cell cannot be refereed."""
+    - A token is generated before it is received: the counter's rise from the read before the
+      cell's first request to the window's close read is at least every token received before
+      that read (``counter_floor``). Below it, the client credited tokens the server did not
+      generate (its usage says more than it sent), whatever the server's speed.
+    - Over the window, a counter above the tokens received is tokens generated and not yet
+      streamed (vLLM counts a token when its API server takes it from the engine: a
+      CPU-starved API server streams seconds behind, +5 to +15 % at c1-c8 on vLLM's CPU build
+      beside other work): a lag, the cell's notes say so. It has a bound, what the requests
+      open at the close could still generate (``counter_room``, N × max output where not
+      known); past it the counter counts tokens that were never streamed. A counter below the
+      tokens received over the window is tokens generated before it opened, at most what the
+      requests open at its start could have generated then; past it, tokens credited that the
+      server did not generate.
+    - Tokens the cell had to estimate (chunks counted without usage) that the counter
+      contradicts, and a counter above what we received while the server ran more requests
+      than ours (median of its running + waiting gauges above N: another client), fail too.
+    - A counter that fell over the window or went back between two of its reads (a counter
+      never falls; a server that restarted breaks the streams too) is not to be trusted, and
+      the cell cannot be refereed."""
     span = result.received_span
     delta = result.generation_tokens_delta
     back = result.server is not None and "generation_tokens" in result.server.reset
@@ -1125,7 +1210,24 @@ def counter_disagreement(result: DecodeResult) -> str | None:
             "received: a counter never falls, so the server's counter is not to be trusted "
             "(the cell cannot be refereed)"
         )
-    gap = counter_gap(delta, span, result.concurrency)
+    n = result.concurrency
+    floor = result.counter_floor
+    if floor is not None and not back and floor[0] >= 0:
+        risen, got = floor
+        if risen < got - COUNTER_TOLERANCE * got - COUNTER_SLACK_PER_STREAM * n:
+            why = (
+                "the cell's estimate counted tokens the server did not generate"
+                if result.token_accounting in (CHUNK_COUNT, RATIO, TOKENIZE)
+                else "the server's usage counts more tokens than it sent"
+            )
+            return (
+                f"the server's generation counter rose by {risen:,.0f} tokens from before the "
+                f"cell's first request to the window's close, while {got:,} were received "
+                f"before it ({risen / got - 1:+.1%}): fewer generated than received, and a "
+                f"token is generated before it is streamed, so {why}: the figures are not to "
+                "be trusted"
+            )
+    gap = counter_gap(delta, span, n)
     if gap is None or span is None or delta is None:
         return None
     lo, hi = span
@@ -1141,19 +1243,36 @@ def counter_disagreement(result: DecodeResult) -> str | None:
         )
         return f"{figures}: likely {cause}"
     others = result.median_in_server
-    if gap > 0 and others is not None and others > result.concurrency + 0.5:
+    if gap > 0 and others is not None and others > n + 0.5:
         return (
             f"{figures}, and the server ran {others:g} requests at the median, "
-            f"{result.concurrency} of them ours: likely another client sharing the server"
+            f"{n} of them ours: likely another client sharing the server"
         )
-    held = result.concurrency * result.max_output
+    held = n * result.max_output
+    if result.counter_room is None:
+        below = above = held
+        how = f"{n} × {result.max_output:,} = {held:,} tokens"
+        room_below = room_above = how
+    else:
+        below, above = result.counter_room
+        room_below = f"{below:,} tokens: each one's max output less what it had received"
+        room_above = f"{above:,} tokens: each one's max output less what it had received"
     # the bracket's own slack (counter_gap's) on top of what the requests could hold
-    slack = COUNTER_TOLERANCE * hi + COUNTER_SLACK_PER_STREAM * result.concurrency
-    if delta > hi + held + slack or delta < lo - held - slack:
+    slack = COUNTER_TOLERANCE * hi + COUNTER_SLACK_PER_STREAM * n
+    if delta > hi + above + slack:
         return (
-            f"{figures}: more than the {result.concurrency} requests in flight could hold "
-            f"({result.concurrency} × {result.max_output:,} = {held:,} tokens), not a lagging "
-            "server: the server's counter is not to be trusted"
+            f"{figures}: more than the requests open at the window's close could still have "
+            f"generated and not sent ({room_above}), so not tokens on their way (not a "
+            "lagging server): the server counted tokens it never streamed (its usage counts "
+            "fewer than it sent, or its counter is not to be trusted): the figures are not to "
+            "be trusted"
+        )
+    if delta < lo - below - slack:
+        return (
+            f"{figures}: fewer generated than received, by more than the requests open at the "
+            f"window's start could have generated before it ({room_below}): the client "
+            "credited tokens the server did not generate (its usage counts more than it "
+            "sent): the figures are not to be trusted"
         )
     return None
 

@@ -161,6 +161,8 @@ class ReplicaSet:
         return True
 
     async def close(self) -> None:
+        for conn in self.connections[1:]:
+            await conn.end_drains()  # each connection's own reads after [DONE]
         await self.primary.close()  # the one session every connection shares
 
 

@@ -242,11 +242,11 @@ class StreamTally:
     output)."""
 
     __slots__ = (
-        "answer_time", "broken", "carry", "chat", "chunks", "completion_tokens", "cr",
-        "details_reasoning", "done", "error", "error_event", "fast", "fed", "finish_reason",
-        "limit", "mixed_chunks", "prev", "prompt_tokens", "reasoning_chunks", "reasoning_rise",
-        "seen_token", "text", "text_times", "token_chunks", "tool_deltas", "tools", "usage_chunks",
-        "usage_counts", "usage_times",
+        "announced", "answer_time", "broken", "carry", "chat", "chunks", "completion_tokens",
+        "cr", "details_reasoning", "done", "error", "error_event", "fast", "fed", "finish_reason",
+        "limit", "mixed_chunks", "output_chunks", "pending", "prev", "prompt_tokens",
+        "reasoning_chunks", "reasoning_rise", "seen_token", "text", "text_times", "token_chunks",
+        "tool_deltas", "tools", "usage_chunks", "usage_counts", "usage_times",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -264,6 +264,15 @@ class StreamTally:
         self.usage_times = array("d")  # events where usage rose ...
         self.usage_counts = array("I")  # ... and by how much
         self.prev = 0  # usage.completion_tokens so far
+        #: chunks that carried output (text, reasoning or a tool call); a read counted without
+        #: a parse counts each of its chunks, its rise being at least their number
+        self.output_chunks = 0
+        #: a usage rise in an event without a choice (a usage-only chunk): credited to the
+        #: next chunk that carries a token, at its time; it moves no clock (first token, gaps)
+        self.pending = 0
+        #: tokens usage counted before the stream's first chunk that carried a token (usage
+        #: that announced tokens before it sent them)
+        self.announced = 0
         self.text_times = array("d")  # events whose choices carry output
         self.text: list[str] | None = []  # output text, while the tokenizer may need it
         self.fed = False  # a read came
@@ -293,7 +302,8 @@ class StreamTally:
 
     def feed(self, t: float, data: bytes) -> bool:
         """Count one read that arrived at ``t``; True when it brought the stream's first
-        token (an event with output or with usage above zero)."""
+        token (an event with output: text, reasoning or a tool call, or a choice whose usage
+        rose; a usage-only event, without a choice, is not one)."""
         if self.done:
             return False  # [DONE] ended the stream: what a server sends after it is not read
         if not self.seen_token:
@@ -338,11 +348,33 @@ class StreamTally:
                 self._parse(last, tail)
             except MalformedAnswer as exc:
                 self.broken = self.broken or exc
+        if self.pending:
+            # tokens counted after the stream's last token-carrying chunk (a usage-only chunk
+            # at its end): that chunk's (none came: refused below)
+            text = self.text_times[-1] if self.text_times else None
+            if self.usage_times and (text is None or text <= self.usage_times[-1]):
+                self.usage_counts[-1] += self.pending
+            elif text is not None:  # a text chunk without usage, then the usage chunk
+                self.usage_times.append(text)
+                self.usage_counts.append(self.pending)
+                self.token_chunks += 1
+            self.pending = 0
         if not self.chunks and self.completion_tokens and self.broken is None:
             self.broken = MalformedAnswer(
                 "stream",
                 f"counted {self.completion_tokens} tokens in events that carried no choice "
                 "(no chunk with output came)",
+                "usage.completion_tokens",
+            )
+        count = self.completion_tokens
+        if count is not None and count < self.output_chunks and self.broken is None:
+            # a chunk with output carries at least one token: usage below the chunks that
+            # carried output credits fewer tokens than the stream sent (docs/trust.md)
+            self.broken = MalformedAnswer(
+                "stream",
+                f"is {count:,}, fewer than the {self.output_chunks:,} chunks with output the "
+                "stream carried (each carries at least one token): the server's usage does not "
+                "count what it sent",
                 "usage.completion_tokens",
             )
         if self.completion_tokens is not None or self.finish_reason == "length":
@@ -408,15 +440,23 @@ class StreamTally:
             elif _REASONING in data or (self.tools and _TOOL_CALLS in data):
                 return False  # reasoning, or a tool call, after the answer began: parsed
         chunks = usages - end.count(_NO_CHOICE)
+        rise = n - self.prev + self.pending
+        if rise < chunks or (rise and not chunks):
+            # fewer tokens than chunks: a chunk without a token (one without output, or a
+            # count that lies); or tokens counted in usage-only chunks, which carry none
+            # (credited to the next chunk that does): the exact parse tells (docs/trust.md)
+            return False
         self.chunks += chunks
         self.usage_chunks += chunks
         self.token_chunks += chunks
-        if n > self.prev:
+        self.output_chunks += chunks
+        if rise:
             self.usage_times.append(t)
-            self.usage_counts.append(n - self.prev)
+            self.usage_counts.append(rise)
             if reasoning:
                 self.reasoning_rise += n - self.prev
             self.prev = n
+            self.pending = 0
         self.completion_tokens = n
         return True
 
@@ -544,32 +584,46 @@ class StreamTally:
                     self.text = []
                 if output:
                     self.text_times.append(t)
+            if output:
+                self.output_chunks += 1
+            rise = 0
             if usage:
                 pt = usage.get("prompt_tokens")
                 if pt is not None:
                     self.prompt_tokens = checked_count(pt, "usage.prompt_tokens")
                 if ct is not None:
                     if ct > self.prev:
-                        self.token_chunks += 1
-                        self.usage_times.append(t)
-                        self.usage_counts.append(ct - self.prev)
+                        rise = ct - self.prev
                         if in_reasoning and not answered:
                             # a chunk of reasoning text, or one without text while the
                             # stream reasons (a byte-level token): the reasoning's
-                            self.reasoning_rise += ct - self.prev
+                            self.reasoning_rise += rise
                         self.prev = ct
                     self.completion_tokens = ct
-                if details is not None and details.get("reasoning_tokens") is not None:
-                    where = "usage.completion_tokens_details.reasoning_tokens"
-                    r = checked_count(details["reasoning_tokens"], where)
-                    total = ct if ct is not None else self.completion_tokens
-                    if total is not None and r > total:
-                        raise MalformedAnswer(
-                            "stream", f"is {r:,}, more than the {total:,} completion_tokens",
-                            where,
-                        )  # fmt: skip
-                    self.details_reasoning = r
-            if not self.seen_token and (output or (ct or 0) > 0):
+            # a chunk that carries a choice carries its usage's rise (an empty text too: a
+            # byte of a character, docs/metrics.md); a usage-only chunk (no choice) carries
+            # no token: its rise is credited to the next chunk that does, at that chunk's time
+            carries = output or (bool(choices) and rise > 0)
+            if carries and (rise or self.pending):
+                self.token_chunks += 1
+                self.usage_times.append(t)
+                self.usage_counts.append(rise + self.pending)
+                self.pending = 0
+            elif rise:
+                self.pending += rise
+                if not self.seen_token:
+                    self.announced += rise  # counted before any chunk carried a token
+            if usage and details is not None and details.get("reasoning_tokens") is not None:
+                where = "usage.completion_tokens_details.reasoning_tokens"
+                r = checked_count(details["reasoning_tokens"], where)
+                total = ct if ct is not None else self.completion_tokens
+                if total is not None and r > total:
+                    raise MalformedAnswer(
+                        "stream", f"is {r:,}, more than the {total:,} completion_tokens",
+                        where,
+                    )  # fmt: skip
+                self.details_reasoning = r
+            if not self.seen_token and carries:
                 self.seen_token = first = True
         if self.text is not None and len(self.text) > _TEXT_PIECES:
             self.text[:] = ["".join(self.text)]

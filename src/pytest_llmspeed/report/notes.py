@@ -59,10 +59,18 @@ IN_FLIGHT = NoteKind(
     "in flight",
 )
 COUNTER_LAG = NoteKind(
-    "the server's generation counter disagreed with the tokens received, no other client on "
-    "the server: it counts tokens before it streams them (a lagging API server); the figures "
-    "are the tokens received",
+    "the server's generation counter rose more than the tokens received, no other client on "
+    "the server, by less than the requests open at the window's close could still send: it "
+    "counts tokens before it streams them (a lagging API server); the figures are the tokens "
+    "received",
     "counter lag",
+)
+COUNTER_EARLY = NoteKind(
+    "the server's generation counter rose less over the window than the tokens received, by "
+    "less than the requests open at its start could have generated before it: tokens "
+    "generated before the window opened, streamed inside it; the figures are the tokens "
+    "received",
+    "counter behind",
 )
 CLIENT_BEHIND = NoteKind(
     "the client could not keep up: its event loop was more than 50 ms behind for over a tenth "
@@ -89,6 +97,16 @@ SERVER_WENT_BACK = NoteKind(
     "to be trusted): the cell's server figures are not kept",
     "server figures not kept",
 )
+USAGE_BEFORE_TOKENS = NoteKind(
+    "usage counted tokens before the chunk that carried them (a usage-only chunk first): each "
+    "request's first token is its first chunk that carries one, so the count moved no clock",
+    "usage before tokens",
+)
+HELD_AFTER_DONE = NoteKind(
+    "the server held streams open after their data: [DONE]: each request ended at its [DONE] "
+    "(not in flight while held), the stream closed by the client",
+    "held after [DONE]",
+)
 #: the order kinds are said in
 KINDS = (
     CLIENT_BEHIND,
@@ -103,15 +121,20 @@ KINDS = (
     DRIFT,
     IN_FLIGHT,
     COUNTER_LAG,
+    COUNTER_EARLY,
     METRICS_UNPARSED,
     SERVER_VALUES,
     SERVER_WENT_BACK,
+    USAGE_BEFORE_TOKENS,
+    HELD_AFTER_DONE,
 )
 #: the kinds a cell's flags give (``CellRecord.flags``), said after the kinds from its figures
 _FROM_FLAGS = {
     FlagKind.METRICS_UNPARSED: METRICS_UNPARSED,
     FlagKind.SERVER_VALUES_REFUSED: SERVER_VALUES,
     FlagKind.SERVER_WENT_BACK: SERVER_WENT_BACK,
+    FlagKind.USAGE_BEFORE_TOKENS: USAGE_BEFORE_TOKENS,
+    FlagKind.HELD_AFTER_DONE: HELD_AFTER_DONE,
 }
 #: kinds a cell's own row only names (its flags' words, shown beside, say the rest)
 _NAMED = (SERVER_BUSY, METRICS_UNPARSED, SERVER_VALUES, SERVER_WENT_BACK)
@@ -176,7 +199,8 @@ def cell_notes(c: CellRecord) -> list[CellNote]:
     gap = counter_gap(c.generation_tokens_delta, c.received_span, c.concurrency or 1)
     refuted = (c.reason or "").startswith("the server's generation counter")  # failed for it
     if gap is not None and not refuted and c.tokens not in ESTIMATED:
-        notes.append(CellNote(COUNTER_LAG, f"{gap:+.1%}".replace("-", "−")))
+        kind = COUNTER_LAG if gap > 0 else COUNTER_EARLY
+        notes.append(CellNote(kind, f"{gap:+.1%}".replace("-", "−")))
     for flag_kind, kind in _FROM_FLAGS.items():
         notes += [CellNote(kind, d) for d in _flag_details(c, flag_kind)]
     return notes

@@ -55,6 +55,7 @@ BLOCK = 16
 KV_TOKENS = 131_072
 TOKEN_S = 0.005  # seconds between a stream's tokens
 NO_EOS_TOKENS = 48  # a request without ignore_eos stops here (finish_reason "stop")
+ANNOUNCED_S = 0.3  # usage_first: its first token's text comes this long after its count
 
 #: what the injection cases put in server strings: terminal escapes (clear screen, a window
 #: title, colour) and a GitHub workflow command at the start of a line
@@ -161,6 +162,22 @@ CASES: dict[str, Case] = {
     "tokens_10x": Case(
         "/v1/completions",
         "usage.completion_tokens 10 times the tokens sent (past max_tokens)",
+        True,
+    ),
+    "usage_double": Case(
+        "/v1/completions",
+        "usage.completion_tokens twice the tokens sent (2 a chunk of one token, so it sends half "
+        "of max_tokens); the generation counter counts what was sent",
+        True,
+    ),
+    "usage_half": Case(
+        "/v1/completions",
+        "usage.completion_tokens half the tokens sent (rounded up); the counter counts them all",
+        True,
+    ),
+    "usage_first": Case(
+        "/v1/completions",
+        "a usage-only first chunk (no choice) with completion_tokens 1, its text 0.3 s later",
         True,
     ),
     "after_done": Case(
@@ -781,6 +798,8 @@ class Hostile:
             self.stats.misbehaved += 1
         if max_tokens >= 32:
             self.decode_requests += 1
+        if bad and self.case == "usage_double":
+            n = max(n // 2, 1)  # its usage says twice: max_tokens at the end
         stream = Stream(self, out, chat, prompt_tokens, n, finish, body, bad)
         self.running += 1
         try:
@@ -873,6 +892,10 @@ class Stream:
             count = DIGITS_MARK
         elif case == "tokens_10x":
             count = 10 * c
+        elif case == "usage_double":
+            count = 2 * c
+        elif case == "usage_half":
+            count = (c + 1) // 2
         usage["completion_tokens"] = count
         if case == "usage_list":
             return [self.p, c]
@@ -961,6 +984,12 @@ class Stream:
             await self.token()
             last = i == self.n - 1
             text = f" w{self.sent}"
+            if bad and case == "usage_first" and i == 0:
+                # the token counted in a chunk of usage alone, its text sent later
+                obj = {"id": self.id, "object": "text_completion", "created": self.created,
+                       "model": MODEL, "choices": [], "usage": self.usage(self.sent)}  # fmt: skip
+                await out.chunk(b"data: " + _dumps(obj) + b"\n\n")
+                await asyncio.sleep(ANNOUNCED_S)
             if bad and case == "sse_long_line" and i == 0:
                 await self.long_event(text)
                 continue
