@@ -112,16 +112,39 @@ def _group(item: pytest.Item) -> str | None:
     return None
 
 
+#: the folders in the order they start: the longest chains first (real vLLM's starts, an A/B
+#: of eight among them; the other engines; the hostile battery), so that pytest-xdist's
+#: workers do not wait on them at the end
+FIRST = ("vllm", "engines", "hostile", "page", "plugin", "core", "sim", "unit")
+
+
+def _folder(item: pytest.Item) -> str | None:
+    try:
+        return item.path.resolve().relative_to(Path(__file__).resolve().parent).parts[0]
+    except ValueError:
+        return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    root = Path(__file__).resolve().parent
     for item in items:
-        try:
-            folder = item.path.resolve().relative_to(root).parts[0]
-        except ValueError:
-            continue
-        kind = KINDS.get(folder)
+        kind = KINDS.get(_folder(item) or "")
         if kind is not None:
             item.add_marker(kind)
         group = _group(item)
         if group is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+class _Order:
+    @pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle, kept within a folder
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        def rank(item: pytest.Item) -> int:
+            folder = _folder(item)
+            return FIRST.index(folder) if folder in FIRST else len(FIRST)
+
+        items.sort(key=rank)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_Order(), "llmspeed-tests-order")
