@@ -99,10 +99,13 @@ KINDS = {
 
 def _group(item: pytest.Item) -> str | None:
     """The xdist group that keeps a test with the tests it shares an expensive fixture with:
-    every test of the real vLLM server (one session-scoped server a worker), and the tests of
-    a module that sets up a module-scoped fixture of its own (a battery, a browser, an engine's
-    server, a series of runs), so that each such fixture is set up once, not once a worker."""
-    if "vllm_server" in getattr(item, "fixturenames", ()):
+    real vLLM's tests (the session-scoped servers, and the starts of their own, one at a
+    time), and the tests of a module that sets up a module-scoped fixture of its own (a
+    battery, a browser, an engine's server, a series of runs), so that each such fixture is
+    set up once, not once a worker."""
+    if _folder(item) == "vllm" and item.path.name != "test_ab_vllm.py":
+        # one real vLLM start at a time here, the A/B's eight on a worker of their own: four
+        # starts at once on two cores took minutes each (a start is CPU-bound: it compiles)
         return "vllm"
     info = getattr(item, "_fixtureinfo", None)
     for defs in info.name2fixturedefs.values() if info is not None else ():
@@ -139,9 +142,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 class _Order:
     @pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle, kept within a folder
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        def rank(item: pytest.Item) -> int:
+        def rank(item: pytest.Item) -> tuple[int, bool]:
             folder = _folder(item)
-            return FIRST.index(folder) if folder in FIRST else len(FIRST)
+            first = FIRST.index(folder) if folder in FIRST else len(FIRST)
+            return first, item.path.name != "test_ab_vllm.py"  # the longest chain of all
 
         items.sort(key=rank)
 

@@ -28,8 +28,10 @@ def ab(new: str = "", old: str = "") -> tuple[str, str]:
 
 
 def test_a_slower_new_version_regresses_with_why(results_doc, pytester):
+    """Chance: decode twice as slow (−50 % tok/s), far beyond the −5 % tolerance: a decode cell's
+    interval would have to stretch over 45 points to reach it."""
     result = pytester.runpytest(
-        *ab(new="--slower decode:0.3"), *ARGS, "--llm-concurrency=1,4", "--junitxml=j.xml"
+        *ab(new="--slower decode:1.0"), *ARGS, "--llm-concurrency=1,4", "--junitxml=j.xml"
     )
     assert result.ret == 1
     doc = results_doc("out.json")["ab"]
@@ -45,16 +47,14 @@ def test_a_slower_new_version_regresses_with_why(results_doc, pytester):
         assert "steps/s" in got["explanation"]  # the decode steps slowed: the server says so
         # every round measured it, in the order run
         assert [r["arm"] for r in doc["rounds"] if cell in r["cells"]] == doc["order"][:8]
-    # the simulator's decode:0.3 slows each step's base too, a cold prefill's step with it: a
-    # 1K prefill on the tiny profile is about 8 % slower, which the A/B may show (regressed,
-    # beyond the ±5 %) or not yet (unknown); never faster, never the same
-    # The verdicts admitted are every answer a correct A/B may give at a true -8 % (the few
-    # cold prefills of a 1 s cell may even come out "same"); never "improved", whose interval
-    # would lie above +5 %. The estimate of an unknown cell may lie on either side of zero:
-    # only its place inside its own interval is certain, and a regressed cell's interval lies
-    # below zero
+    # the simulator's decode:1.0 slows each step's base too, a cold prefill's step with it: a
+    # 1K prefill on the tiny profile is slower too, which the A/B may show (regressed) or,
+    # with the few cold prefills of 1 s cells on a busy machine, not yet (unknown); never
+    # improved, and never the same (its interval inside ±5 %) on a correct judge. The estimate of an
+    # unknown cell may lie on either side of zero: only its place inside its own interval is
+    # certain, and a regressed cell's interval lies below zero
     prefill = doc["cells"]["prefill[1K]"]
-    assert prefill["verdict"] in ("regressed", "unknown", "same"), prefill
+    assert prefill["verdict"] in ("regressed", "unknown"), prefill
     change = prefill["figures"]["prompt_tok_s"]
     assert change["interval"][0] <= change["change"] <= change["interval"][1], prefill
     if prefill["verdict"] == "regressed":
@@ -82,7 +82,10 @@ def test_a_slower_new_version_regresses_with_why(results_doc, pytester):
 
 
 def test_the_same_version_is_not_a_regression(results_doc, pytester):
-    result = pytester.runpytest(*ab(), *ARGS, "--llm-concurrency=1", "--llm-tolerance=10%")
+    # Chance: at 30 %, two identical versions in ABBA order, each start's speed moved by 2 %,
+    # regress only if a cell's whole interval lies below −30 %, fifteen times the starts' noise
+    # (whether 5 % tells them apart is benchmarks/results/ab_vs_stored.md's)
+    result = pytester.runpytest(*ab(), *ARGS, "--llm-concurrency=1", "--llm-tolerance=30%")
     assert result.ret == 0, result.stdout.str()
     doc = results_doc("out.json")["ab"]
     assert doc["counts"]["regressed"] == 0
@@ -110,7 +113,7 @@ def test_the_seed_repeats_the_order(results_doc, pytester):
     whose first block is the mirror starts the new version first."""
     seed = next(s for s in range(100) if block_order(0, s) == MIRROR)
     result = pytester.runpytest(
-        *ab(), *ARGS, "--llm-concurrency=1", "--llm-tolerance=20%", f"--llm-ab-seed={seed}"
+        *ab(), *ARGS, "--llm-concurrency=1", "--llm-tolerance=30%", f"--llm-ab-seed={seed}"
     )
     assert result.ret == 0, result.stdout.str()
     doc = results_doc("out.json")["ab"]
@@ -124,7 +127,7 @@ def test_two_servers_the_plugin_does_not_start(results_doc, pytester):
     from pytest_llmspeed.sim import SimOptions, running_simulator_process
 
     old = SimOptions(profile="tiny", speed=10.0)
-    new = SimOptions(profile="tiny", speed=10.0, slower="decode:0.3")
+    new = SimOptions(profile="tiny", speed=10.0, slower="decode:1.0")
     with running_simulator_process(old) as old_url, running_simulator_process(new) as new_url:
         result = pytester.runpytest(
             f"--llm-endpoint={new_url}",

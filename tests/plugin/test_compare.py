@@ -16,15 +16,15 @@ from tests.history_runs import derive, simulator_run
 
 pytestmark = pytest.mark.slow
 
-# The runs compared are made, not measured: one real run of the reference profile at 10x (its
-# document has every key, interval and server figure a run writes), and from it, by
-# tests/history_runs.py's ``derive``, a run whose every gated figure is 10 % lower (a 10 %
-# slower server) and one whose figures moved by at most 3 % either way (a noisy server at the
-# same speed), each with its intervals made ±1 % or ±3 % of its figures. Their verdicts are
-# therefore certain: what the tests check is that ``compare`` and ``--llm-compare`` read,
-# judge and print them as documented (the judge's own statistics are tests/unit's; whether a
-# real 10 % slower server is caught through the noise of a busy machine is the gate's
-# benchmark, benchmarks/gate_noise.py, and the A/B's, benchmarks/results/ab_vs_stored.md).
+# Chance: none. The runs compared are made, not measured: one real run of the reference profile at
+# 10x (its document has every key, interval and server figure a run writes), and from it, by
+# tests/history_runs.py's ``derive``, a run whose every gated figure is 10 % lower (a 10 % slower
+# server) and one whose figures moved by at most 3 % either way (a noisy server at the same speed),
+# each with its intervals made ±1 % or ±3 % of its figures. Their verdicts are therefore certain:
+# what the tests check is that ``compare`` and ``--llm-compare`` read, judge and print them as
+# documented (the judge's own statistics are tests/unit's; whether a real 10 % slower server is
+# caught through the noise of a busy machine is the gate's benchmark, benchmarks/gate_noise.py, and
+# the A/B's, benchmarks/results/ab_vs_stored.md).
 PROFILE = "sim:h200-qwen3.5-27b-int4"
 MATRIX = (
     "--llm-contexts=16K,32K",

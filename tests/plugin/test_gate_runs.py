@@ -78,7 +78,7 @@ def test_a_file_written_before_runs_is_gated_on_and_added_to(pytester):
 def test_a_miss_is_re_measured_on_a_restarted_simulator(pytester):
     pytester.runpytest(sim(), *ARGS, "-m", "decode", "--llm-save-baseline=b.toml")
     result = pytester.runpytest(
-        sim("speed=0.8&seed=3"),
+        sim("speed=0.5&seed=3"),  # chance: half the speed, a miss on any machine, and again
         *ARGS,
         "-m",
         "decode",

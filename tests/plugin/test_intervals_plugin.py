@@ -109,7 +109,9 @@ def test_a_baseline_with_intervals_gates_beyond_them(pytester):
     run(pytester, "--llm-duration=2", "--llm-save-baseline=base.toml").assert_outcomes(passed=3)
     text = (pytester.path / "base.toml").read_text()
     assert "total_tok_s_ci = [" in text
-    # 2 % tolerance: the steady cells are gated tight; a 10 % slower server fails beyond both
+    # Chance: 2 % tolerance, the steady cells gated tight; a server at half the speed fails beyond
+    # both intervals on any machine (a 2 s window's interval on a loaded machine is a few %
+    # wide, the change −50 %); whether a 10 % slowdown is told apart is benchmarks/intervals.py's
     (pytester.path / "base.toml").write_text(text.replace("tolerance = 0.05", "tolerance = 0.02"))
     same = run(pytester, "--llm-duration=2", "--llm-baseline=base.toml", "-m", "decode")
     slow = run(
@@ -118,7 +120,7 @@ def test_a_baseline_with_intervals_gates_beyond_them(pytester):
         "--llm-baseline=base.toml",
         "-m",
         "decode",
-        endpoint="sim:tiny?speed=0.9&noise=0.01",
+        endpoint="sim:tiny?speed=0.5&noise=0.01",
     )
     slow.assert_outcomes(failed=2, deselected=1)
     slow.stdout.fnmatch_lines(["*decode[[]1K-c4[]] total tok/s * ±*% < floor *, beyond both*"])

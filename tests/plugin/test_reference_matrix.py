@@ -15,17 +15,17 @@ SPEED = 10
 LABEL = {"8K": "8K", "16K": "16K", "32K": "32K", "64K": "64K", "128K": "128K", "max": "251K"}
 
 
-#: Figures are not this test's: a 1 s window at 10x on a busy machine is off the reference by
-#: what the machine did (the simulator's CPU is not scaled: the lag of its front end lands in
-#: the window, +7 % of a 3 s window at decode[32K-c32] on a quiet machine, up to +21 % beside
-#: other work, three times that in a 1 s window). Whether the reference profile reproduces
-#: the published matrix within ±10 % is the benchmark benchmarks/reference_fit.py's (on the
-#: simulator's virtual clock, where load cannot move it); whether the client measures a
-#: server's speed truly is tests/core's (test_token_truth, test_protocol_truth) and the
-#: client benchmarks'. Here every figure must only be within a factor of BAND of the
-#: reference × 10: a cell measured at the wrong concurrency, context or speed (×2 or more at
-#: every step of the matrix) is caught; load is not (measured: beside a llama.cpp build on both
-#: cores, the 38 figures were 0.96-1.24 × the reference × 10, the widest decode[32K-c32]).
+#: Chance: figures are not this test's: a 1 s window at 10x on a busy machine is off the reference
+#: by what the machine did (the simulator's CPU is not scaled: the lag of its front end lands in the
+#: window, +7 % of a 3 s window at decode[32K-c32] on a quiet machine, up to +21 % beside other
+#: work, three times that in a 1 s window). Whether the reference profile reproduces the published
+#: matrix within ±10 % is the benchmark benchmarks/reference_fit.py's (on the simulator's virtual
+#: clock, where load cannot move it); whether the client measures a server's speed truly is
+#: tests/core's (test_token_truth, test_protocol_truth) and the client benchmarks'. Here every
+#: figure must only be within a factor of BAND of the reference × 10: a cell measured at the wrong
+#: concurrency, context or speed (×2 or more at every step of the matrix) is caught; load is not
+#: (measured: beside a llama.cpp build on both cores, the 38 figures were 0.96-1.24 × the reference
+#: × 10, the widest decode[32K-c32]).
 BAND = 3.0
 
 

@@ -22,7 +22,7 @@ ARGS = (
     "-p",
     "no:randomly",
 )
-#: at speed 10 the 8K cells' per-request tok/s are about 1,474 / 1,450 / 498 (c1 / c2 / c64;
+#: Chance: at speed 10 the 8K cells' per-request tok/s are about 1,474 / 1,450 / 498 (c1 / c2 / c64;
 #: 32K: 1,442 / 1,420 / over capacity): the bound is far from c1 and c2 (−45 %) and from c64
 #: (+61 %), and a busy machine only slows a simulator (a nice'd run beside a benchmark read c1
 #: 1,170-1,586 at 10x, −21 % at worst). So the capacity is 2 at both contexts on any machine
