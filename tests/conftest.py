@@ -82,7 +82,7 @@ def sim_url() -> Iterator[str]:
         yield url
 
 
-# -- the suite's kinds and its parallel groups (docs/testing.md) ------------------------------
+# -- the suite's kinds and its units of parallel work (docs/testing.md) ----------------------
 
 #: the folder a test lives in names its kind; each kind is a marker (``-m "not engine"``)
 KINDS = {
@@ -97,22 +97,30 @@ KINDS = {
 }
 
 
-def _group(item: pytest.Item) -> str | None:
-    """The xdist group that keeps a test with the tests it shares an expensive fixture with:
-    real vLLM's tests (the session-scoped servers, and the starts of their own, one at a
-    time), and the tests of a module that sets up a module-scoped fixture of its own (a
-    battery, a browser, an engine's server, a series of runs), so that each such fixture is
-    set up once, not once a worker."""
-    if _folder(item) == "vllm" and item.path.name != "test_ab_vllm.py":
-        # one real vLLM start at a time here, the A/B's eight on a worker of their own: four
-        # starts at once on two cores took minutes each (a start is CPU-bound: it compiles)
-        return "vllm"
-    info = getattr(item, "_fixtureinfo", None)
-    for defs in info.name2fixturedefs.values() if info is not None else ():
-        last = defs[-1]
-        if last.scope in ("module", "package") and last.baseid.startswith("tests/"):
-            return item.nodeid.split("::", 1)[0]
-    return None
+def scope_of(nodeid: str) -> str:
+    """The unit of work pytest-xdist hands a worker whole (``tests/conftest.py``'s scheduler):
+    a test file, so that a module-scoped fixture (the hostile battery, a browser, an engine's
+    server, a series of runs) is set up once, not once a worker; and every test of real vLLM
+    but the A/B as one unit, one start at a time (four starts at once on two cores took
+    minutes each: a start is CPU-bound, it compiles), the A/B's eight starts on a worker of
+    their own. (pytest-xdist's ``xdist_group`` marks do not group under pytest 9, whose node
+    ids they can no longer rewrite.)"""
+    path = nodeid.split("::", 1)[0]
+    if path.startswith("tests/vllm/") and not path.endswith("/test_ab_vllm.py"):
+        return "tests/vllm"
+    return path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getoption("dist") not in ("loadgroup", "loadscope", "loadfile"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class ByScope(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    return ByScope(config, log)
 
 
 #: the folders in the order they start: the longest chains first (real vLLM's starts, an A/B
@@ -134,9 +142,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         kind = KINDS.get(_folder(item) or "")
         if kind is not None:
             item.add_marker(kind)
-        group = _group(item)
-        if group is not None and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 class _Order:
