@@ -426,7 +426,11 @@ EXPECT: dict[str, Check] = {
     "models_bomb": stops_with("/v1/models", "json"),
     "headers_many": stops_with("/v1/models", "header"),
     "header_nul": stops_with("/v1/models", "header"),
-    "metrics_bad_chunk": all_of(goes_on, named("/metrics", "http")),
+    # Chance: aiohttp 3.14's C parser (llhttp) does not end a read whose chunk size is not hex
+    # when the head came in an earlier segment: the read then waits for the probe's timeout
+    # (measured: 6 of 10 reads a parse error, 4 a 3 s timeout). Both notes name /metrics and
+    # say why there are no server figures; the run goes on either way.
+    "metrics_bad_chunk": all_of(goes_on, named("/metrics", "http", "did not answer within")),
     "metrics_timestamps": all_of(all_valid, no_words("did not parse")),
     # under the 16 MiB cap, 200,000 series: 358 MB and past the run's bound, parsed
     "metrics_many_series": all_of(goes_on, named("/metrics", "lines")),

@@ -29,6 +29,7 @@ ARGS = (
 #: these tests run on, and an unchanged run keeps it; at speed 3 (70 % slower) c1 is about
 #: 440: a miss on any machine.
 OBJECTIVES = "per_request_tok_s>=800,ttft<=1s"
+LOOSE = "--llm-tolerance=50%"
 
 
 def next_concurrency(doc, requests):
@@ -122,7 +123,10 @@ def test_a_run_whose_capacity_dropped_fails_the_gate_and_an_unchanged_one_passes
     kept = tomllib.loads(text)["slo"]["capacity"]
     assert kept == measured, (kept, measured)
     assert kept["8K"] >= 1, kept  # c1 at 8K is 84 % above the bound
-    same = run(pytester, 10, f"--llm-slo={OBJECTIVES}", "--llm-baseline=b.toml")
+    # Chance: the floors are gated with the capacity; at the default 5 % a loaded machine made
+    # an unchanged prefill miss its floor (−5.1 %, twice confirmed). The capacity is what this
+    # test is about: the floors get a tolerance (50 %) no load reaches on a simulator at 10x.
+    same = run(pytester, 10, f"--llm-slo={OBJECTIVES}", "--llm-baseline=b.toml", LOOSE)
     assert same.ret == 0, same.stdout.str()
     # 70 % slower: c1 at 8K (about 440 per-request tok/s) is far below the bound, whatever
     # the machine, so the capacity kept drops to none
@@ -133,7 +137,7 @@ def test_a_run_whose_capacity_dropped_fails_the_gate_and_an_unchanged_one_passes
     assert re.search(r"  8K: none \(", out), out
     assert f"DROPPED: capacity at SLO {kept['8K']} → 0 (baseline)" in out, out
     # objectives other than the baseline's: said once, capacity not gated
-    other = run(pytester, 10, "--llm-slo=ttft<=2s", "--llm-baseline=b.toml")
+    other = run(pytester, 10, "--llm-slo=ttft<=2s", "--llm-baseline=b.toml", LOOSE)
     assert other.ret == 0, other.stdout.str()
     assert "capacity at other objectives" in other.stdout.str()
 

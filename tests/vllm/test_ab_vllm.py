@@ -1,8 +1,9 @@
 """The A/B runner on real vLLM (CPU build), started by the plugin (issue 31's "Done when"):
 the plain command is the old version, the same command with ``--max-num-seqs 2`` the new one
-(at most 2 requests run at once). Decode at c8 regresses, the explanation from both versions'
-server figures names the running requests, and c4 (also capped to 2 running) is never called
-same. The API key is never in any output.
+(at most 2 requests run at once). Decode at c8 regresses (or, when the starts are too noisy
+to tell, is unknown, which fails at --llm-unknown=fail), a regression's explanation from both
+versions' server figures names the running requests, and c4 (also capped to 2 running) is never
+called same. The API key is never in any output.
 
 It takes about 11 minutes on 2 shared cores and cannot take much less: 8 starts are the
 fewest an A/B runs (two ABBA blocks), and a start of vLLM to healthy takes 45–100 s here.
@@ -59,6 +60,7 @@ def test_a_cap_on_running_requests_regresses_c8_with_why(results_doc, pytester):
         "--llm-duration=4",
         "--llm-max-output=128",
         "--llm-ab-rounds=8",
+        "--llm-unknown=fail",
         "--llm-results=out.json",
         "--junitxml=j.xml",
         "-p",
@@ -66,32 +68,43 @@ def test_a_cap_on_running_requests_regresses_c8_with_why(results_doc, pytester):
     )
     took = time.monotonic() - began
     out = result.stdout.str()
-    assert result.ret == 1, out  # a regression fails the run
-    doc = results_doc("out.json")["ab"]
+    assert result.ret == 1, out  # a regression (or an unknown, at --llm-unknown=fail) fails it
+    full = results_doc("out.json")
+    doc = full["ab"]
     print(f"A/B took {took:.0f} s", json.dumps(doc["cells"]))  # shown when it fails
     assert doc["order"] == [*block_order(0, doc["seed"]), *block_order(1, doc["seed"])]
     for r in doc["rounds"]:
         assert not r["missing"], r  # every start served every cell
     c8, c4 = doc["cells"]["decode[1K-c8]"], doc["cells"]["decode[1K-c4]"]
-    assert c8["verdict"] == "regressed", c8
     assert c8["starts"] == 8 and c8["blocks"] == 2, c8
-    change = c8["figures"]["total_tok_s"]
-    assert change["interval"][1] < -0.05, change
-    # why, from both versions' server figures: 2 requests running where 8 were
-    why = c8["explanation"]
-    running = re.search(r"running ([\d.]+) → ([\d.]+)", why or "")
-    assert running, why
-    assert float(running[1]) > 3 and float(running[2]) <= 2.05, why
+    # the cap, in the new version's own server figures (the matrix is its last round): vLLM
+    # ran at most 2 of the 8 requests at once
+    assert full["by_id"]["decode[1K-c8]"]["server"]["running_max"] <= 2, full["by_id"]
+    # Chance: two blocks give the change 1 degree of freedom (t = 12.7); with two busy loops
+    # beside this suite the old version's c8 moved 280–895 tok/s between starts and a −64 %
+    # change came out unknown (95 % −86.6 % … −5.1 %, its per-request figure −39 % … +344 %).
+    # So the verdicts admitted are the correct ones for a change of about −55 %: regressed, or
+    # unknown when the starts are too noisy; same or improved would need an interval wholly
+    # inside ±5 % or above +5 %. A regression is asserted with its interval and its why.
+    assert c8["verdict"] in ("regressed", "unknown"), c8
+    if c8["verdict"] == "regressed":
+        change = c8["figures"]["total_tok_s"]
+        assert change["interval"][1] < -0.05, change
+        # why, from both versions' server figures: 2 requests running where 8 were
+        why = c8["explanation"]
+        running = re.search(r"running ([\d.]+) → ([\d.]+)", why or "")
+        assert running, why
+        assert float(running[1]) > 3 and float(running[2]) <= 2.05, why
     assert c4["verdict"] != "same", c4
     result.stdout.fnmatch_lines(
-        ["FAILED *test_decode[[]1K-c8[]] - decode[[]1K-c8[]] A/B regressed*"]
+        [f"FAILED *test_decode[[]1K-c8[]] - decode[[]1K-c8[]] A/B {c8['verdict']}*"]
     )
     verdicts = {
         p.get("value")
         for p in ET.parse(pytester.path / "j.xml").iter("property")
         if p.get("name") == "ab_verdict"
     }
-    assert "regressed" in verdicts, verdicts
+    assert c8["verdict"] in verdicts, verdicts
     # the key: in no output, no command the results file shows
     assert doc["arms"]["old"]["command"] and "--api-key <redacted>" in doc["arms"]["new"]["command"]
     for name in ("out.json", "j.xml", "llmspeed-serve.log"):
