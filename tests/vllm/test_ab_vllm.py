@@ -25,6 +25,7 @@ import pytest
 from engines.home import Layout, vllm_home
 from engines.servers import KV_CACHE_MEMORY_BYTES, MAX_MODEL_LEN, NOT_SET_UP, SERVED_MODEL
 from pytest_llmspeed.gate.ab import block_order
+from tests.ab_blocks import blocks_kept
 from tests.processes import gone
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -76,7 +77,9 @@ def test_a_cap_on_running_requests_regresses_c8_with_why(results_doc, pytester):
     for r in doc["rounds"]:
         assert not r["missing"], r  # every start served every cell
     c8, c4 = doc["cells"]["decode[1K-c8]"], doc["cells"]["decode[1K-c4]"]
-    assert c8["starts"] == 8 and c8["blocks"] == 2, c8
+    # a block with a stalled round (the machine taken ×3.5 or more) is left out whole: measured
+    # beside the suite's start, rounds 1 and 2 read ×3.5–4.8 off their versions' medians
+    assert c8["starts"] == 8 and c8["blocks"] == blocks_kept(c8), c8
     # the cap, in the new version's own server figures (the matrix is its last round): vLLM
     # ran at most 2 of the 8 requests at once
     assert full["by_id"]["decode[1K-c8]"]["server"]["running_max"] <= 2, full["by_id"]
