@@ -46,6 +46,28 @@ def test_endpoint_on_the_command_line_runs_the_unit_test_and_the_matrix(pytester
     )
 
 
+def test_a_started_server_and_a_baseline_on_the_command_line_run_the_matrix(pytester):
+    """The README's one-command gate in a repository with tests: --llm-serve and
+    --llm-save-baseline (then --llm-baseline) on the command line ask for the matrix; the
+    unit test runs beside it, the baseline is written, then gated against."""
+    import sys
+
+    pytester.makepyfile(test_unit=UNIT_TEST)
+    serve = f"--llm-serve={sys.executable} -m pytest_llmspeed.sim --port {{port}} --profile tiny"
+    saved = pytester.runpytest(serve, *MATRIX, "--llm-save-baseline=b.toml")
+    saved.assert_outcomes(passed=4)
+    saved.stdout.fnmatch_lines(
+        [
+            "llmspeed: built-in suite added: --llm-serve and --llm-save-baseline given on the "
+            "command line"
+        ]
+    )
+    assert "decode[1K-c4]" in (pytester.path / "b.toml").read_text()
+    gated = pytester.runpytest(serve, *MATRIX, "--llm-baseline=b.toml", "--llm-tolerance=90%")
+    gated.assert_outcomes(passed=4)
+    gated.stdout.fnmatch_lines(["*Baseline b.toml: *"])
+
+
 def test_endpoint_in_the_ini_file_does_not_turn_plain_pytest_into_a_matrix(pytester):
     pytester.makepyfile(test_unit=UNIT_TEST)
     pytester.makeini(
@@ -54,7 +76,9 @@ def test_endpoint_in_the_ini_file_does_not_turn_plain_pytest_into_a_matrix(pytes
     )
     plain = pytester.runpytest()
     plain.assert_outcomes(passed=1)
-    plain.stdout.fnmatch_lines(["llmspeed: built-in suite left out: the endpoint comes from *"])
+    plain.stdout.fnmatch_lines(
+        ["llmspeed: built-in suite left out: the server and the baseline come from the ini *"]
+    )
     asked = pytester.runpytest("-m", "decode")
     asked.assert_outcomes(passed=2, deselected=2)
 

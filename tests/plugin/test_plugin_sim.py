@@ -58,7 +58,13 @@ def test_small_matrix_runs_reports_and_writes_results(pytester):
             assert cell["total_tok_s"] == pytest.approx(
                 cell["output_tokens"] / cell["measured_s"], rel=1e-3
             )
-            assert cell["avg_active"] == pytest.approx(cell["concurrency"], rel=0.1)
+            # Chance: the closed loop keeps N in flight but for each request's turnaround (its
+            # [DONE] to the next send; a loaded machine stretches it). Quiet, 0.997 of 1 and
+            # 3.988 of 4 with requests of about 70 ms (128 tokens at 2,000 tok/s): under 75 %,
+            # load would have to add over 20 ms to every turnaround of a whole window. What
+            # share turnaround takes is the client benchmarks' to measure, not this test's
+            n = cell["concurrency"]
+            assert 0.75 * n <= cell["avg_active"] <= n + 1e-6, (cid, cell["avg_active"])
             assert len(cell["samples"]["tbt_ms"]) >= cell["concurrency"]
         else:
             assert cell["prompt_tok_s"] > 0 and cell["context_tokens"] in (1024, 4096)

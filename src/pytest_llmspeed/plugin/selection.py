@@ -38,6 +38,11 @@ FIXTURES = frozenset(
     }
 )
 _SUITE_MARKERS = re.compile(r"\b(decode|prefill|llmspeed|rate|trace|conversation)\b")
+#: options that, given on the command line, ask for the speed test: a server to measure (or
+#: two, an A/B), a baseline to gate against or to write
+_ASKING = frozenset(
+    ("endpoint", "serve", "endpoint-baseline", "serve-baseline", "baseline", "save-baseline")
+)
 #: at most this many cells are named one by one in the header when they are not a grid
 NAMED_CELLS = 4
 
@@ -158,12 +163,13 @@ class Selection:
         markexpr = config.getoption("markexpr", "") or ""
         if _SUITE_MARKERS.search(markexpr):
             return True, f"built-in suite added: -m {markexpr!r} names its markers"
-        if config.getoption(OPTIONS[0].dest, None):
-            return True, "built-in suite added: --llm-endpoint given on the command line"
+        asked = [o.flag for o in OPTIONS if o.name in _ASKING and config.getoption(o.dest, None)]
+        if asked:
+            return True, f"built-in suite added: {' and '.join(asked)} given on the command line"
         return False, (
-            "built-in suite left out: the endpoint comes from the ini file or the environment and "
-            "the command asks for no speed test (run with -m decode, -m llmspeed or "
-            "--llm-builtin-suite=always)"
+            "built-in suite left out: the server and the baseline come from the ini file or the "
+            "environment and the command asks for no speed test (run with -m decode, "
+            "-m llmspeed or --llm-builtin-suite=always)"
         )
 
     def choose(self, items: list[pytest.Item]) -> None:

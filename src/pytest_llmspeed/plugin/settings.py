@@ -357,8 +357,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "builtin-suite",
-        "run the built-in matrix: auto (when asked for: -m decode/prefill/llmspeed, "
-        "--llm-endpoint on the command line, or no test collected; never when your own tests use "
+        "run the built-in matrix: auto (when asked for: -m decode/prefill/llmspeed, a server "
+        "or a baseline on the command line, or no test collected; never when your own tests use "
         "the llm_* fixtures), always, or never",
         default="auto",
         choices=("auto", "always", "never"),
