@@ -140,6 +140,32 @@ def test_a_server_killed_in_a_cell_stops_the_run_and_keeps_what_was_measured(res
     assert gone(marker)
 
 
+def test_serve_on_the_command_line_wins_over_an_endpoint_in_the_ini_file(results_doc, pytester):
+    """The command line wins over the ini file: --llm-serve starts the server and the ini
+    file's endpoint (another machine) is not measured, said in a note; an ini endpoint that
+    --llm-serve does not outrank (both in the ini file) is still refused, naming its place."""
+    marker = 910004
+    pytester.makeini("[pytest]\nllm_endpoint = http://gpu-box:8000\n")
+    result = pytester.runpytest(f"--llm-serve={sim(marker)}", *MATRIX, "--llm-results=out.json")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(
+        [
+            "*--llm-serve starts the server: the endpoint of ini key llm_endpoint "
+            "(http://gpu-box:8000) is not measured*"
+        ]
+    )
+    assert results_doc("out.json")["run"]["endpoint"].startswith("http://127.0.0.1:")
+    assert gone(marker)
+    pytester.makeini(
+        f"[pytest]\nllm_endpoint = http://gpu-box:8000\nllm_serve = {sim(marker)}\n"
+    )
+    both = pytester.runpytest(*MATRIX)
+    assert both.ret == pytest.ExitCode.USAGE_ERROR
+    both.stderr.fnmatch_lines(
+        ["*--llm-endpoint=http://gpu-box:8000 (from ini key llm_endpoint) is another one*"]
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

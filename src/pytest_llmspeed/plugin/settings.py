@@ -622,7 +622,7 @@ def load(config: pytest.Config) -> Settings:
     notes: list[str] = []
     _endpoints(config, values, notes)
     if values["serve"] is not None:
-        _derive_endpoint(config, values)
+        _derive_endpoint(config, values, notes)
     min_duration = values["min_duration"] or 5.0
     if values["precision"] is not None and min_duration > (values["duration"] or 30.0):
         raise _refused(
@@ -745,8 +745,18 @@ def _endpoints(config: pytest.Config, values: dict[str, Any], notes: list[str]) 
     values["metrics_urls"] = tuple(metrics) or None
 
 
-def _derive_endpoint(config: pytest.Config, values: dict[str, Any]) -> None:
-    """--llm-serve: plan the command (its port), and make the endpoint the local server."""
+def _rank(source: str) -> int:
+    """Where a value came from, as its precedence: the command line (0) wins over the
+    environment (1), which wins over the ini file (2)."""
+    if source.startswith("environment"):
+        return 1
+    return 2 if source.startswith("ini key") else 0
+
+
+def _derive_endpoint(config: pytest.Config, values: dict[str, Any], notes: list[str]) -> None:
+    """--llm-serve: plan the command (its port), and make the endpoint the local server. An
+    endpoint from a place of lower precedence than the command's (the ini file's, under
+    --llm-serve on the command line) gives way to it, with a note."""
     from ..core.launch import LaunchError, plan
 
     serve = next(o for o in OPTIONS if o.name == "serve")
@@ -756,11 +766,19 @@ def _derive_endpoint(config: pytest.Config, values: dict[str, Any]) -> None:
     except LaunchError as exc:
         raise _bad(source, values["serve"], exc.message) from None
     given = values["endpoint"]
+    esource = url_values(config, OPTIONS[0])[1]
+    if given is not None and _rank(source) < _rank(esource):
+        notes.append(
+            f"{source} starts the server: the endpoint of {esource} ({given}) is not measured"
+        )
+        values["endpoints"] = None
+        given = None
+    where = "" if esource == OPTIONS[0].flag else f" (from {esource})"
     if values.get("endpoints"):
         raise _bad(
             source,
             values["serve"],
-            "starts one server, but --llm-endpoint names several: give one of the two",
+            f"starts one server, but --llm-endpoint{where} names several: give one of the two",
         )
     if given is not None:
         host = urlsplit(given).hostname if given.startswith("http") else None
@@ -768,8 +786,8 @@ def _derive_endpoint(config: pytest.Config, values: dict[str, Any]) -> None:
             raise _bad(
                 source,
                 values["serve"],
-                f"starts a server on this machine, but --llm-endpoint={given} is another one: "
-                "give one of the two",
+                f"starts a server on this machine, but --llm-endpoint={given}{where} is another "
+                "one: give one of the two",
             )
     values["endpoint"] = command.url
     values["serve_plan"] = command
