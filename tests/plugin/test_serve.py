@@ -156,9 +156,7 @@ def test_serve_on_the_command_line_wins_over_an_endpoint_in_the_ini_file(results
     )
     assert results_doc("out.json")["run"]["endpoint"].startswith("http://127.0.0.1:")
     assert gone(marker)
-    pytester.makeini(
-        f"[pytest]\nllm_endpoint = http://gpu-box:8000\nllm_serve = {sim(marker)}\n"
-    )
+    pytester.makeini(f"[pytest]\nllm_endpoint = http://gpu-box:8000\nllm_serve = {sim(marker)}\n")
     both = pytester.runpytest(*MATRIX)
     assert both.ret == pytest.ExitCode.USAGE_ERROR
     both.stderr.fnmatch_lines(
