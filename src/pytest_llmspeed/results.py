@@ -489,15 +489,21 @@ class Check:
         it."""
         name = figures.by_key(self.metric).label
         delta = _minus(f"{self.value / self.reference - 1:+.1%}")
+        confirm = "more confirmations on fresh starts (a higher --llm-confirm)"
         if self.spread_known:
             noise = (
                 f"within the noise between runs (spread {self.spread or 0.0:.1%}): too noisy to "
-                "tell (more runs in the baseline, or confirmations on fresh starts, narrow it)"
+                f"tell (more runs in the baseline, or {confirm}, narrow it)"
+            )
+        elif self.cell.startswith("prefill["):
+            noise = (
+                "within the intervals: too noisy to tell (more cold requests, "
+                f"--llm-prefill-repeats, or {confirm}, narrow them)"
             )
         else:
             noise = (
-                "within the intervals: too noisy to tell (a longer window, or --llm-precision, "
-                "narrows them)"
+                "within the intervals: too noisy to tell (a longer window, --llm-precision, or "
+                f"{confirm}, narrow them)"
             )
         against = f"({delta} against {self._reference_words()})"
         if self.past_limit:

@@ -245,6 +245,16 @@ def test_the_messages_say_beyond_or_within_the_intervals():
         noisy.unknown_message()
     )
     assert "within the intervals: too noisy to tell" in noisy.unknown_message()
+    # what narrows them, by the kind of cell: a prefill cell has no window
+    assert (
+        "(a longer window, --llm-precision, or more confirmations on fresh starts (a higher "
+        "--llm-confirm), narrow them)" in noisy.unknown_message()
+    )
+    prefill = dataclasses.replace(noisy, cell="prefill[8K]", metric="prompt_tok_s")
+    assert "(more cold requests, --llm-prefill-repeats, or more confirmations" in (
+        prefill.unknown_message()
+    )
+    assert "window" not in prefill.unknown_message()
     assert noisy.unknown_message().endswith("; about 4 more measurement(s) would decide it")
     data = noisy.to_v1()
     assert data["noisy"] is True and data["reference_ci"] == [94.0, 106.0]

@@ -186,7 +186,8 @@ def test_messages_name_the_runs_and_the_spread():
     assert noisy.unknown_message() == (
         "decode[8K-c4] total tok/s 90.0 ±5.9% is past its limit 95.0 (−10.0% against baseline "
         "of 3 runs 100.0 ±3.4%), but within the noise between runs (spread 3.0%): too noisy to "
-        f"tell (more runs in the baseline, or confirmations on fresh starts, narrow it); about "
+        "tell (more runs in the baseline, or more confirmations on fresh starts (a higher "
+        f"--llm-confirm), narrow it); about "
         f"{noisy.more} more measurement(s) would decide it"
     )
     fresh = verdict(THREE, [cell(total=v) for v in (90.0, 88.0)], fresh_starts=True)
