@@ -109,6 +109,13 @@ def test_a_test_of_yours_starts_the_simulator_it_uses(pytester):
             "llmspeed server: http://127.0.0.1:* · engine llmspeed-sim * · model tiny *",
         ]
     )
+    # a test of yours that uses the fixtures is a speed test: marked llmspeed
+    marked = pytester.runpytest("-p", "no:randomly", "-m", "llmspeed", "-v")
+    marked.assert_outcomes(passed=1, deselected=2)
+    marked.stdout.fnmatch_lines(["*test_speed.py::test_model PASSED*"])
+    unmarked = pytester.runpytest("-p", "no:randomly", "-m", "not llmspeed")
+    unmarked.assert_outcomes(passed=2, deselected=1)
+    assert "llmspeed server" not in unmarked.stdout.str()
     # asked for at run time only: started then, for that test
     result = pytester.runpytest("-p", "no:randomly", "test_later.py", "test_unit.py")
     result.assert_outcomes(passed=2)

@@ -39,9 +39,21 @@ FIXTURES = frozenset(
 )
 _SUITE_MARKERS = re.compile(r"\b(decode|prefill|llmspeed|rate|trace|conversation)\b")
 #: options that, given on the command line, ask for the speed test: a server to measure (or
-#: two, an A/B), a baseline to gate against or to write
+#: two, an A/B), a baseline to gate against or to write, several runs, open-loop or
+#: conversation cells
 _ASKING = frozenset(
-    ("endpoint", "serve", "endpoint-baseline", "serve-baseline", "baseline", "save-baseline")
+    (
+        "endpoint",
+        "serve",
+        "endpoint-baseline",
+        "serve-baseline",
+        "baseline",
+        "save-baseline",
+        "runs",
+        "rates",
+        "trace",
+        "turns",
+    )
 )
 #: at most this many cells are named one by one in the header when they are not a grid
 NAMED_CELLS = 4
@@ -140,7 +152,12 @@ class Selection:
         self.needs_server = False  # a selected test uses the server
 
     def add_suite(self, config: pytest.Config, items: list[pytest.Item]) -> bool:
-        """Add the built-in suite to the collected ``items``? Keeps the rule that decided."""
+        """Add the built-in suite to the collected ``items``? Keeps the rule that decided.
+        The user's tests that use the ``llm_*`` fixtures are marked ``llmspeed`` first, so
+        that ``-m llmspeed`` and ``-m "not llmspeed"`` see them as speed tests."""
+        for item in items:
+            if needs_server(item):
+                item.add_marker("llmspeed")
         add, self.rule = self._suite_rule(config, items)
         return add
 
@@ -167,9 +184,9 @@ class Selection:
         if asked:
             return True, f"built-in suite added: {' and '.join(asked)} given on the command line"
         return False, (
-            "built-in suite left out: the server and the baseline come from the ini file or the "
-            "environment and the command asks for no speed test (run with -m decode, "
-            "-m llmspeed or --llm-builtin-suite=always)"
+            "built-in suite left out: the endpoint comes from the ini file or the environment and "
+            "the command asks for no speed test (run with -m decode, -m llmspeed or "
+            "--llm-builtin-suite=always)"
         )
 
     def choose(self, items: list[pytest.Item]) -> None:

@@ -357,9 +357,9 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "builtin-suite",
-        "run the built-in matrix: auto (when asked for: -m decode/prefill/llmspeed, a server "
-        "or a baseline on the command line, or no test collected; never when your own tests use "
-        "the llm_* fixtures), always, or never",
+        "run the built-in matrix: auto (when asked for: -m decode/prefill/llmspeed, a "
+        "measurement or a verdict asked on the command line, or no test collected; never when "
+        "your own tests use the llm_* fixtures), always, or never",
         default="auto",
         choices=("auto", "always", "never"),
     ),
