@@ -68,6 +68,29 @@ def test_a_started_server_and_a_baseline_on_the_command_line_run_the_matrix(pyte
     gated.stdout.fnmatch_lines(["*Baseline b.toml: *"])
 
 
+def test_a_baseline_asked_for_with_nothing_measured_fails_saying_so(pytester):
+    """A baseline to save (or to gate) asked for on the command line, and a selection that
+    leaves no cell: exit 1 and one line, not exit 0 (or 5) with no baseline written. In the
+    ini file it configures: plain pytest on the unit test passes."""
+    pytester.makepyfile(test_unit=UNIT_TEST)
+    result = pytester.runpytest(
+        f"--llm-endpoint={TINY}", *MATRIX, "--llm-save-baseline=b.toml", "-k", "unit"
+    )
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(passed=1, deselected=3)
+    result.stdout.fnmatch_lines(
+        [
+            "llmspeed: ERROR: --llm-save-baseline asked for a verdict or a baseline, but no cell "
+            "was measured (the selection left none: *): nothing was gated or saved"
+        ]
+    )
+    assert not (pytester.path / "b.toml").exists()
+    pytester.makeini(f"[pytest]\nllm_endpoint = {TINY}\nllm_save_baseline = b.toml\n")
+    plain = pytester.runpytest()
+    assert plain.ret == pytest.ExitCode.OK
+    assert "ERROR" not in plain.stdout.str()
+
+
 def test_endpoint_in_the_ini_file_does_not_turn_plain_pytest_into_a_matrix(pytester):
     pytester.makepyfile(test_unit=UNIT_TEST)
     pytester.makeini(

@@ -263,12 +263,38 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             f"the server was restarted {run.server.restarts} time(s) to re-measure cells that "
             "missed their baseline on a fresh start"
         )
+    if _unmeasured(session.config, run, interrupted):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     saved = run.gate.save()
     if saved:
         run.store.note(saved)
     if run.server.started:
         run.store.write()  # the notes of the session's end reach the file and the page
     run.stop()
+
+
+#: the options that ask for a verdict or a baseline: given on the command line, a run that
+#: measured no cell fails, saying so
+_VERDICT_OPTIONS = ("save-baseline", "baseline", "serve-baseline", "endpoint-baseline")
+
+
+def _unmeasured(config: pytest.Config, run: LLMSpeedRun, interrupted: bool) -> str | None:
+    """The line for a run asked on the command line for a verdict or a baseline that measured
+    no cell (the selection left none, or no test of the suite ran), or None."""
+    from .settings import OPTIONS
+
+    if run.store.cells or interrupted or config.option.collectonly:
+        return None
+    asked = [
+        o.flag for o in OPTIONS if o.name in _VERDICT_OPTIONS and config.getoption(o.dest, None)
+    ]
+    if not asked:
+        return None
+    return (
+        f"llmspeed: ERROR: {' and '.join(asked)} asked for a verdict or a baseline, but no cell "
+        "was measured (the selection left none: check -m, -k and the tests' markers): nothing "
+        "was gated or saved"
+    )
 
 
 class SuiteProperties:
@@ -536,7 +562,12 @@ def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
 ) -> None:
     run = _run(config)
-    if run is None or not run.store.cells:
+    if run is None:
+        return
+    if not run.store.cells:
+        unmeasured = _unmeasured(config, run, exitstatus == pytest.ExitCode.INTERRUPTED)
+        if unmeasured and exitstatus != pytest.ExitCode.USAGE_ERROR:
+            terminalreporter.write_line(unmeasured, red=True, bold=True)
         return
     from ..core.text import markdown_inline
     from ..report.markdown import capped, summary
