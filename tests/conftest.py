@@ -5,6 +5,21 @@ results file such a run writes is checked against the published JSON Schema
 from __future__ import annotations
 
 import json
+
+# The client processes' multiprocessing modules, imported before any pytester run: pytester's
+# in-process runs drop from sys.modules what they imported, but the ``multiprocessing``
+# package keeps its attribute for each submodule, so a later ``from . import heap`` took the
+# old module while pickle imported a new one ("Can't pickle <class
+# 'multiprocessing.heap.BufferWrapper'>: it's not the same object") in every core test of
+# client processes that ran after a plugin test of them on the same worker.
+import multiprocessing.connection
+import multiprocessing.heap
+import multiprocessing.popen_spawn_posix
+import multiprocessing.queues
+import multiprocessing.resource_tracker
+import multiprocessing.sharedctypes
+import multiprocessing.spawn
+import multiprocessing.synchronize  # noqa: F401
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
