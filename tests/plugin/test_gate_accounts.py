@@ -117,7 +117,9 @@ def test_own_speed_tests_stand_in_for_the_built_in_suite(pytester):
     )
     result = pytester.runpytest(f"--llm-endpoint={TINY}", *MATRIX)
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["llmspeed: built-in suite left out: 1 test(s) of yours use *"])
+    result.stdout.fnmatch_lines(
+        ["llmspeed: built-in suite left out: 1 selected test(s) of yours use *"]
+    )
     always = pytester.runpytest(f"--llm-endpoint={TINY}", *MATRIX, "--llm-builtin-suite=always")
     always.assert_outcomes(passed=5)
 

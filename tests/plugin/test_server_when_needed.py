@@ -3,6 +3,7 @@ documented way to share it in a repository), plain ``pytest`` runs the unit test
 touching the network or starting anything; the built-in suite, or a test of the user's that
 uses an ``llm_*`` fixture, starts the server after collection."""
 
+import re
 import socket
 import subprocess
 import sys
@@ -105,7 +106,7 @@ def test_a_test_of_yours_starts_the_simulator_it_uses(pytester):
     result.assert_outcomes(passed=3)
     result.stdout.fnmatch_lines(
         [
-            "llmspeed: built-in suite left out: 1 test(s) of yours use the llm_* fixtures *",
+            "llmspeed: built-in suite left out: 1 selected test(s) of yours use the llm_* *",
             "llmspeed server: http://127.0.0.1:* · engine llmspeed-sim * · model tiny *",
         ]
     )
@@ -120,6 +121,32 @@ def test_a_test_of_yours_starts_the_simulator_it_uses(pytester):
     result = pytester.runpytest("-p", "no:randomly", "test_later.py", "test_unit.py")
     result.assert_outcomes(passed=2)
     assert "llmspeed server" not in result.stdout.str()
+
+
+def test_a_deselected_test_of_yours_does_not_turn_the_suite_off(pytester, refusing_port):
+    """Only selected tests decide: a test of yours that uses the fixtures, left out by -k or
+    -m, neither keeps the built-in suite out nor spares a dead endpoint its probe."""
+    pytester.makepyfile(
+        test_unit=UNIT_TEST,
+        test_speed="def test_model(llm_server):\n    assert llm_server.model\n",
+    )
+    url = f"http://127.0.0.1:{refusing_port}"
+    dead = pytester.runpytest(f"--llm-endpoint={url}", "-k", "not model")
+    assert dead.ret == pytest.ExitCode.USAGE_ERROR, dead.stdout.str()
+    dead.stderr.fnmatch_lines([f"ERROR: pytest-llmspeed: cannot reach the LLM server at {url}*"])
+    # -m decode selects the suite's decode cells; the user's test is not one of them
+    args = ("--llm-contexts=1K", "--llm-concurrency=1", "--llm-duration=1", "-p", "no:randomly")
+    run = pytester.runpytest("--llm-endpoint=sim:tiny?speed=8", "-m", "decode", *args)
+    outcomes = run.parseoutcomes()
+    assert outcomes.get("passed") == 1, run.stdout.str()
+    run.stdout.fnmatch_lines(
+        [
+            "collected * items / * deselected / 1 selected",
+            "llmspeed: built-in suite added: -m 'decode' names its markers",
+        ]
+    )
+    collected = int(re.search(r"collected (\d+) items", run.stdout.str())[1])  # type: ignore[index]
+    assert outcomes["passed"] + outcomes["deselected"] == collected  # every item accounted for
 
 
 SIM_IN_THE_INI = """

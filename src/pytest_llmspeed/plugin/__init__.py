@@ -16,9 +16,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from . import fixtures, settings
+from .selection import select_as_pytest_does
 from .stash import CELL_KEY, RUN_KEY
 
 if TYPE_CHECKING:
+    from collections.abc import Generator
+
     from ..results import CellId
     from .session import LLMSpeedRun
 
@@ -417,24 +420,62 @@ def _suite_nodeid(config: pytest.Config) -> str:
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
+    """Before ``-m``/``-k``/``--deselect`` select: your tests that use the ``llm_*`` fixtures
+    are marked ``llmspeed`` (so the mark expression sees them) and each test's cell is named."""
     run = _run(config)
     if run is None:
         return
-    if run.selection.add_suite(config, items):
-        from . import suite
+    run.selection.mark_own(items)
+    _name_cells(run, items)
 
-        module = pytest.Module.from_parent(
-            session, path=Path(suite.__file__), nodeid=_suite_nodeid(config)
+
+@pytest.hookimpl(wrapper=True, specname="pytest_collection_modifyitems")
+def pytest_collection_modifyitems_suite(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> Generator[None]:
+    """After every plugin selected (``-m``, ``-k``, ``--deselect``, a conftest's own hook):
+    add the built-in suite if the rule says so (:meth:`Selection.add_suite`), judged on the
+    tests that are still selected — a deselected test of yours does not turn it off — and
+    select among its tests by the same ``-m``, ``-k`` and ``--deselect``."""
+    collected = len(items)
+    yield
+    run = _run(config)
+    if run is None or not run.selection.add_suite(config, items, collected):
+        return
+    from . import suite
+
+    module = _SuiteModule.from_parent(
+        session, path=Path(suite.__file__), nodeid=_suite_nodeid(config)
+    )
+    # the open-loop and conversation cells only when asked for: --llm-rates, --llm-trace,
+    # --llm-turns; the others are not collected at all, so pytest's counts add up
+    module.unasked = frozenset(
+        name
+        for name, asked in (
+            ("test_rate", bool(run.settings.rates)),
+            ("test_trace", run.settings.trace is not None),
+            ("test_conversation", run.settings.turns is not None),
         )
-        # the open-loop cells only when asked for: --llm-rates, --llm-trace
-        wanted = {
-            "test_rate": bool(run.settings.rates),
-            "test_trace": run.settings.trace is not None,
-            "test_conversation": run.settings.turns is not None,
-        }
-        items.extend(
-            i for i in session.genitems(module) if wanted.get(getattr(i, "originalname", ""), True)
-        )
+        if not asked
+    )
+    added = list(session.genitems(module))
+    _name_cells(run, added)
+    items.extend(select_as_pytest_does(config, added))
+
+
+class _SuiteModule(pytest.Module):
+    """The built-in suite's module, without the tests of cells not asked for."""
+
+    unasked: frozenset[str] = frozenset()
+
+    def collect(self) -> list[pytest.Item | pytest.Collector]:
+        return [
+            c for c in super().collect() if getattr(c, "originalname", c.name) not in self.unasked
+        ]
+
+
+def _name_cells(run: LLMSpeedRun, items: list[pytest.Item]) -> None:
+    """Stash each test's cell (:data:`CELL_KEY`) from its parameters."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         turns = run.settings.turns

@@ -37,7 +37,7 @@ FIXTURES = frozenset(
         "llm_conversation",
     }
 )
-_SUITE_MARKERS = re.compile(r"\b(decode|prefill|llmspeed|rate|trace|conversation)\b")
+_SUITE_MARKERS = re.compile(r"(?<!not )\b(decode|prefill|llmspeed|rate|trace|conversation)\b")
 #: options that, given on the command line, ask for the speed test: a server to measure (or
 #: two, an A/B), a baseline to gate against or to write, several runs, open-loop or
 #: conversation cells
@@ -151,17 +151,22 @@ class Selection:
         self.open: set[str] = set()
         self.needs_server = False  # a selected test uses the server
 
-    def add_suite(self, config: pytest.Config, items: list[pytest.Item]) -> bool:
-        """Add the built-in suite to the collected ``items``? Keeps the rule that decided.
-        The user's tests that use the ``llm_*`` fixtures are marked ``llmspeed`` first, so
-        that ``-m llmspeed`` and ``-m "not llmspeed"`` see them as speed tests."""
+    def mark_own(self, items: list[pytest.Item]) -> None:
+        """Mark the user's tests that use the ``llm_*`` fixtures ``llmspeed``, before ``-m``
+        selects, so that ``-m llmspeed`` and ``-m "not llmspeed"`` see them as speed tests."""
         for item in items:
             if needs_server(item):
                 item.add_marker("llmspeed")
-        add, self.rule = self._suite_rule(config, items)
+
+    def add_suite(self, config: pytest.Config, items: list[pytest.Item], collected: int) -> bool:
+        """Add the built-in suite to the selected ``items`` (what is left of the ``collected``
+        tests after ``-m``, ``-k`` and ``--deselect``)? Keeps the rule that decided."""
+        add, self.rule = self._suite_rule(config, items, collected)
         return add
 
-    def _suite_rule(self, config: pytest.Config, items: list[pytest.Item]) -> tuple[bool, str]:
+    def _suite_rule(
+        self, config: pytest.Config, items: list[pytest.Item], collected: int
+    ) -> tuple[bool, str]:
         mode = self.settings.builtin_suite
         if mode != "auto":
             return (
@@ -172,10 +177,10 @@ class Selection:
         own = [i for i in items if needs_server(i)]
         if own:
             return False, (
-                f"built-in suite left out: {len(own)} test(s) of yours use the llm_* fixtures "
-                "(--llm-builtin-suite=always adds it)"
+                f"built-in suite left out: {len(own)} selected test(s) of yours use the llm_* "
+                "fixtures (--llm-builtin-suite=always adds it)"
             )
-        if not items:
+        if not collected:
             return True, "built-in suite added: no test of yours was collected"
         markexpr = config.getoption("markexpr", "") or ""
         if _SUITE_MARKERS.search(markexpr):
@@ -203,3 +208,19 @@ class Selection:
         closed = [c for n, c in self.node_cells.items() if n not in self.open]
         open_contexts = [c.context for n, c in self.node_cells.items() if n in self.open]
         return selected_words(closed, open_contexts)
+
+
+def select_as_pytest_does(config: pytest.Config, items: list[pytest.Item]) -> list[pytest.Item]:
+    """The built-in suite's ``items`` that ``--deselect``, ``-k`` and ``-m`` keep, the ones
+    left out reported to ``pytest_deselected`` (so pytest counts them ``deselected``). The
+    suite joins after pytest selected among your tests (a deselected test of yours must not
+    decide whether it joins), so pytest's own selection is applied to it here, by pytest's own
+    functions."""
+    from _pytest.main import pytest_collection_modifyitems as deselect_by_prefix
+    from _pytest.mark import deselect_by_keyword, deselect_by_mark
+
+    kept = list(items)
+    deselect_by_prefix(kept, config)
+    deselect_by_keyword(kept, config)
+    deselect_by_mark(kept, config)
+    return kept

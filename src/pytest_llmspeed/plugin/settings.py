@@ -359,7 +359,7 @@ OPTIONS: tuple[Option, ...] = (
         "builtin-suite",
         "run the built-in matrix: auto (when asked for: -m decode/prefill/llmspeed, a "
         "measurement or a verdict asked on the command line, or no test collected; never when "
-        "your own tests use the llm_* fixtures), always, or never",
+        "selected tests of your own use the llm_* fixtures), always, or never",
         default="auto",
         choices=("auto", "always", "never"),
     ),
