@@ -146,6 +146,36 @@ def test_a_rise_that_did_not_last_is_back_not_a_regression(template, tmp_path):
     assert cli(str(tmp_path)).returncode == history.exit_status()
 
 
+@pytest.mark.parametrize("last", [0.85, 0.9], ids=["new-low", "the-dip-again"])
+def test_a_fall_after_a_dip_and_a_recovery_is_a_regression_not_back(template, tmp_path, last):
+    """Levels 100 → 90 → 100 → 85 (or → 90) over 50 nightly runs, 2 % noise: the newest level
+    is 10–15 % below the one before it. It may be judged the same as the dip of runs 14–26,
+    but that dip was itself a regression: the figure is not "back" anywhere, the run fails.
+    Deterministic: a fixed seed."""
+    rng = random.Random(5)
+    levels = [1.0] * 13 + [0.9] * 13 + [1.0] * 13 + [last] * 11
+
+    def factor(i: int, cell: str, key: str) -> float:
+        return levels[i] * math.exp(0.02 * rng.gauss(0, 1))
+
+    derive_(template, tmp_path, len(levels), factor)
+    history = build([tmp_path])
+    figs = figures_of(history)
+    assert figs
+    for f in figs:
+        assert f.newest is not None and f.newest.verdict.value == "regressed", f.cell
+        assert f.regressed and not f.returned, (f.cell, f.figure, f.against_earlier)
+    assert history.exit_status() == 1
+    shown = lines(history)
+    assert not any(line.lstrip().startswith("back ") for line in shown), shown
+    assert not any("did not last" in line for line in shown), shown
+    again = [line for line in shown if "which was itself a regression" in line]
+    assert len(again) == sum(f.back_to is not None for f in figs)
+    if last == 0.9:  # the same level as the dip: most figures are judged so
+        assert len(again) >= len(figs) // 2, shown
+    assert cli(str(tmp_path)).returncode == 1
+
+
 def test_runs_of_other_settings_are_a_series_of_their_own_said_once(template, tmp_path):
     def longer(i: int, doc: dict[str, Any]) -> None:
         if i >= 10:

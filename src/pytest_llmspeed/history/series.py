@@ -254,16 +254,23 @@ class FigureHistory:
         """The verdict between the last two segments (None: one level throughout)."""
         return self.changes[-1] if self.changes else None
 
+    def judged_good(self, segment: int) -> bool:
+        """Was ``segment`` a good level: the first, or one whose start the judge did not call
+        a regression?"""
+        return segment == 0 or self.changes[segment - 1].verdict is not Verdict.REGRESSED
+
     @property
     def returned(self) -> bool:
         """The newest change undid the previous one (a fall after a rise, a rise after a
-        fall) without going beyond the level before it: judged the same as that level
-        (:attr:`back_to`), or too close to it to tell."""
+        fall) without going beyond the level before it — judged the same as that level
+        (:attr:`back_to`), or too close to it to tell — and that level was itself good
+        (:meth:`judged_good`): a fall back to a level that was a regression is a regression."""
         if self.newest is None or self.against_earlier is None or len(self.changes) < 2:
             return False
         newest, previous = self.newest.verdict, self.changes[-2].verdict
         undid = {newest, previous} == {Verdict.REGRESSED, Verdict.IMPROVED}
-        return undid and self.against_earlier is not newest
+        earlier = len(self.segments) - 3
+        return undid and self.against_earlier is not newest and self.judged_good(earlier)
 
     @property
     def regressed(self) -> bool:

@@ -62,7 +62,13 @@ def change_line(series: Series, f: FigureHistory) -> str:
         f"{fmt_number(round(new.level, 1))} (95 % interval {_pct(lo)} … {_pct(hi)}, tolerance "
         f"±{judgement.tolerance:.0%})"
     )
-    if f.back_to is not None:
+    if f.back_to is not None and not f.judged_good(f.back_to):
+        back = f.segments[f.back_to]
+        line += (
+            f"; the level of runs {back.first + 1:,}–{back.last + 1:,} "
+            f"({fmt_number(round(back.level, 1))}) again, which was itself a regression"
+        )
+    elif f.back_to is not None:
         back = f.segments[f.back_to]
         line += (
             f"; back to the level of runs {back.first + 1:,}–{back.last + 1:,} "
@@ -403,7 +409,7 @@ def _marks(
 
 
 def _back(f: FigureHistory) -> str:
-    if f.back_to is None:
+    if f.back_to is None or not f.judged_good(f.back_to):
         return ""
     back = f.segments[f.back_to]
     return f"; back to runs {back.first + 1:,}–{back.last + 1:,}"
