@@ -7,6 +7,7 @@ import random
 import pytest
 
 from pytest_llmspeed.gate.ab import (
+    BETWEEN_FLOOR,
     BLOCK,
     MIRROR,
     Ledger,
@@ -291,3 +292,26 @@ def test_a_stalled_round_is_left_out_with_its_block():
     slow = _ledger(1.0, blocks=3, noise=0.01)
     slow.rounds[5].cells["decode[1K-c4]"]["total_tok_s"] *= 0.6
     assert slow.stalled("decode[1K-c4]", "total_tok_s") == []
+
+
+def test_a_spread_between_starts_estimated_as_none_is_floored():
+    """Two blocks that happen to agree (each −2.2 %) with tiny windows' noise (±0.1 %): the
+    spread between starts estimates as 0 on 3 degrees of freedom, and an interval from the
+    windows alone would claim −2.3 % … −2.1 % — "regressed" at a 1 % tolerance, as an
+    unchanged version once read. The floor (1 %) keeps the interval as wide as eight starts
+    can show: unknown. Deterministic: no draw."""
+    ledger = Ledger(0.01)
+    for index in range(2 * len(BLOCK)):
+        arm = arm_of(index)
+        r = Round(index, arm)
+        value = 1000.0 * (0.978 if arm == "new" else 1.0)
+        r.cells["decode[1K-c1]"] = {"total_tok_s": value, "per_request_tok_s": value}
+        r.se["decode[1K-c1]"] = {"total_tok_s": 0.001, "per_request_tok_s": 0.001}
+        ledger.rounds.append(r)
+    between, _df = ledger.between("decode")  # type: ignore[misc]
+    assert between == pytest.approx(BETWEEN_FLOOR**2)
+    got = ledger.judge("decode[1K-c1]")
+    assert got.verdict is not Verdict.REGRESSED
+    for judgement in got.figures.values():
+        lo, hi = judgement.change.interval()
+        assert lo < -0.03 and hi > -0.015, (lo, hi)  # wider than the windows' ±0.1 %

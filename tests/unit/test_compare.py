@@ -131,3 +131,34 @@ def test_a_file_without_server_figures_compares_as_before_with_one_line():
     )
     assert lines(cmp, "old.json")[-1] == f"  note: {cmp.unexplained}"
     assert lines(compare(old, old), "old.json")[-1].startswith("  1 cell(s)")  # nothing to say
+
+
+def test_a_prefill_of_one_cold_request_has_no_interval_and_no_verdict():
+    """One cold request a side gives a prefill figure no interval: +12.8 % is unknown, the
+    line says why and what gives one; six cold requests (an interval each side) decide."""
+    results = load(DATA)
+    first = next(c for c in results.cells if c.id == CellId.prefill(1024))
+    old = dataclasses.replace(first, attempts=())  # the figure itself, not re-measurements
+    assert old.repeats in (None, 1) and old.prompt_tok_s_ci is None
+    assert old.prompt_tok_s is not None and old.ttft_ms is not None
+    v = old.prompt_tok_s
+    new = dataclasses.replace(old, prompt_tok_s=v * 1.128, ttft_ms=old.ttft_ms / 1.128)
+    cmp = compare(
+        dataclasses.replace(results, cells=(old,)), dataclasses.replace(results, cells=(new,))
+    )
+    (cell,) = cmp.cells
+    assert cell.verdict is Verdict.UNKNOWN and cell.no_interval == "one cold request in each run"
+    shown = "\n".join(lines(cmp, "old.json"))
+    assert "no interval: one cold request in each run" in shown, shown
+    assert "--llm-prefill-repeats=6" in shown and "+12.8%" in shown
+    assert "95 % interval" not in shown
+    assert "--llm-prefill-repeats=6" in markdown(cmp, "old.json", "new.json")
+    # with intervals (six cold requests a side) the judge decides
+    six_old = dataclasses.replace(old, repeats=6, prompt_tok_s_ci=(v * 0.99, v * 1.01))
+    w = v * 1.128
+    six_new = dataclasses.replace(new, repeats=6, prompt_tok_s_ci=(w * 0.99, w * 1.01))
+    decided = compare(
+        dataclasses.replace(results, cells=(six_old,)),
+        dataclasses.replace(results, cells=(six_new,)),
+    )
+    assert decided.cells[0].verdict is Verdict.IMPROVEMENT and not decided.cells[0].no_interval

@@ -66,6 +66,14 @@ FIGURES: Mapping[str, tuple[tuple[str, bool], ...]] = {
 #: a round whose figure is this many times off its version's median is a stalled window, left
 #: out with its block (a start 40–50 % slow, as real vLLM's have been, is a factor of 2)
 STALL_FACTOR = 3.0
+#: the least spread between starts (relative standard deviation of a start's effect) an A/B
+#: assumes: the blocks' spread less their windows' noise is an estimate on a few degrees of
+#: freedom, and often 0 when the blocks happen to agree; an interval from the windows' noise
+#: alone then claims what a handful of starts cannot show (an unchanged version read −2.7 % …
+#: −1.6 % after four blocks, "regressed" at a 1 % tolerance). 1 % is below the spread of every
+#: server measured for this project (the simulator's default start noise 2 %; real vLLM's
+#: CPU build tens of %), so it widens only the intervals that were too narrow (docs/gate.md)
+BETWEEN_FLOOR = 0.01
 #: a cell's verdict from its figures': the first of these that any figure has
 _PRECEDENCE = (Verdict.REGRESSED, Verdict.UNKNOWN, Verdict.IMPROVED, Verdict.SAME)
 
@@ -439,7 +447,7 @@ class Ledger:
     def between(self, kind: str) -> tuple[float, float] | None:
         """σ², what moves between starts, pooled over every figure of every cell of ``kind``
         whose rounds all have intervals: the blocks' spread less the measurements' own part
-        (at least 0);
+        (at least :data:`BETWEEN_FLOOR` squared);
         its degrees of freedom (about one a block's d and one a block's noise contrast, less
         one: a block's figures share its starts, :meth:`Spread.df`). None when no figure has a
         complete block."""
@@ -454,7 +462,7 @@ class Ledger:
         )
         if not spread.samples:
             return None
-        return max(0.0, (spread.ss - spread.own) / spread.samples), spread.df()
+        return max(BETWEEN_FLOOR**2, (spread.ss - spread.own) / spread.samples), spread.df()
 
     def kind_spread(self, kind: str) -> KindSpread | None:
         """This A/B's own spread of ``kind`` (what an A/B after it takes as its prior); None

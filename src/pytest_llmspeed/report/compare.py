@@ -98,6 +98,9 @@ class CellChange:
     explanation: str = ""
     #: the gate's checks of the cell's figures against the old run's (both measured)
     checks: tuple[Check, ...] = ()
+    #: why the cell has no interval, so no verdict (a figure of one cold request): "" when
+    #: it has one
+    no_interval: str = ""
 
     @property
     def change(self) -> float | None:
@@ -115,6 +118,13 @@ class CellChange:
         found = decided or by_metric or list(self.checks)
         return found[0] if found else None
 
+    def decide_words(self) -> str:
+        """What would decide an unknown: its missing interval's remedy, or the check's
+        ``about 3 more measurement(s) would decide it``."""
+        if self.no_interval:
+            return f"{ONE_REQUEST_REMEDY} measures one"
+        return self.check.more_words() if self.check is not None else ""
+
     def interval(self) -> str:
         """``95 % interval −12.3% … −7.9%, tolerance ±5%`` of the deciding check's change
         as the line shows it, new / old − 1 (a ceiling's rises when it got worse), or ""
@@ -122,6 +132,8 @@ class CellChange:
         below −100 % once a latency doubled); its standard error gives the interval of
         ``ln(X / R)`` here."""
         c = self.check
+        if self.no_interval:
+            return f"no interval: {self.no_interval}"
         if c is None:
             return ""
         judged = change_of(c)
@@ -196,7 +208,34 @@ def judged(old: CellRecord, new: CellRecord, tolerance: float) -> tuple[Verdict,
     entry = reference_of([old], tolerance).cells.get(str(old.id))
     fresh = bool(new.gate and new.gate.checks and new.gate.checks[0].fresh_starts)
     found = verdict(entry, attempts_of(new), fresh_starts=fresh)
-    return _OF_OUTCOME.get(found.outcome, Verdict.NOT_MEASURED), found.checks
+    checks = found.checks
+    if one_request(old, new) and any(change_of(c).se == 0 for c in checks):
+        # no noise known on either side: no interval, so no verdict (the judge's flat rule
+        # would call a single cold request's +12 % an improvement)
+        checks = tuple(
+            dataclasses.replace(c, verdict="unknown", more=None) if change_of(c).se == 0 else c
+            for c in checks
+        )
+        return Verdict.UNKNOWN, checks
+    return _OF_OUTCOME.get(found.outcome, Verdict.NOT_MEASURED), checks
+
+
+#: what gives a prefill cell an interval
+ONE_REQUEST_REMEDY = "--llm-prefill-repeats=6 (or more: six cold requests a cell)"
+
+
+def one_request(old: CellRecord, new: CellRecord) -> str:
+    """Why a prefill cell's figures have no interval, in words ("" when they have one): a
+    cell measured from one cold request on a side."""
+    sides = [
+        side
+        for side, r in (("old", old), ("new", new))
+        if r.phase is Phase.PREFILL and (r.repeats or 1) == 1 and r.prompt_tok_s_ci is None
+    ]
+    if not sides:
+        return ""
+    which = "each run" if len(sides) == 2 else f"the {sides[0]} run"
+    return f"one cold request in {which}"
 
 
 def explanation(a: CellRecord, b: CellRecord, verdict: Verdict) -> str:
@@ -311,6 +350,7 @@ def compare(old: Results, new: Results, tolerance: float = DEFAULT_TOLERANCE) ->
                 why,
                 explanation(a, b, verdict) if a is not None and b is not None else "",
                 found,
+                one_request(a, b) if verdict is Verdict.UNKNOWN and a and b and found else "",
             )
         )
     return Comparison(
@@ -382,7 +422,7 @@ def lines(cmp: Comparison, old_path: str) -> list[str]:
                 f"  {words[c.verdict]} {c.cid} {check.metric} {check.reference:,.1f} → "
                 f"{check.value:,.1f}: {fmt_change(check.value / check.reference - 1)} "
                 f"({c.interval()})"
-                + (f": {check.more_words()}" if c.verdict is Verdict.UNKNOWN else "")
+                + (f": {c.decide_words()}" if c.verdict is Verdict.UNKNOWN else "")
             )
             if c.explanation and c.verdict is not Verdict.UNKNOWN:
                 out.append(f"      why: {c.explanation}")
@@ -451,8 +491,7 @@ def markdown(cmp: Comparison, old_path: str, new_path: str) -> str:
     if unknown:
         parts += ["", "**Unknown: too noisy to tell**", ""]
         parts += [
-            f"- `{c.cid}` {c.metric} {fmt_change(c.change)} ({c.interval()}): "
-            f"{c.check.more_words()}"  # type: ignore[union-attr]
+            f"- `{c.cid}` {c.metric} {fmt_change(c.change)} ({c.interval()}): {c.decide_words()}"
             for c in unknown
         ]
     findings = [c for c in cmp.cells if c.explanation and c.verdict is not Verdict.REGRESSION]

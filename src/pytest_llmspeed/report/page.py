@@ -453,7 +453,7 @@ def _comparison(cmp: Comparison) -> dict[str, Any]:
             f"{c.cid}: {c.old:,.1f} → {c.new:,.1f} {c.metric} ({c.verdict.value}, {c.interval()})"
         )
         if c.verdict is Verdict.UNKNOWN and c.check is not None:
-            hover += f": {c.check.more_words()}"
+            hover += f": {c.decide_words()}"
         if c.explanation:  # why, on the cell itself too (the list below has every one)
             hover += f"\nwhy: {c.explanation.split(': ', 1)[-1]}"
         return {"text": fmt_change(c.change), "cls": cls.get(c.verdict, ""), "hover": hover}
