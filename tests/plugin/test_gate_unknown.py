@@ -68,6 +68,8 @@ def test_an_unknown_cell_is_named_and_warns_by_default(
             "  (cells too noisy to tell pass: --llm-unknown=fail fails them)",
         ]
     )
+    # pytest's last line counts them, beside the tests (a yellow line, not a green one)
+    assert result.parseoutcomes().get("unknown") == 2, result.stdout.lines[-1]
     doc = json.loads((pytester.path / "r.json").read_text())
     cells = {c["id"]: c for c in doc["cells"]}
     decode = cells["decode[1K-c1]"]

@@ -599,6 +599,28 @@ def _record_skip(run: LLMSpeedRun, item: pytest.Item, cid: CellId, message: str)
     item.user_properties.extend(record.properties())
 
 
+#: the key of pytest's last line that counts the cells a verdict left unknown ("8 passed,
+#: 2 unknown in 31.0s"): a category beside the tests', as pytest-rerunfailures' "rerun" is,
+#: and one pytest colours yellow, so a run that decided nothing never reads green
+UNKNOWN_KEY = "unknown"
+
+
+def _count_unknowns(reporter: pytest.TerminalReporter, acc: Any, ab: Any, comparison: Any) -> None:
+    """Count in pytest's last line the cells whose verdict is unknown: the stored gate's, the
+    A/B's and ``--llm-compare``'s (a cell once, whichever judged it)."""
+    cells: set[str] = set()
+    if acc is not None:
+        cells.update(acc.unknown)
+    if ab is not None:
+        cells.update(c for c, v in ab.get("cells", {}).items() if v.get("verdict") == "unknown")
+    if comparison is not None:
+        from ..report.compare import Verdict
+
+        cells.update(c.cid for c in comparison.cells if c.verdict is Verdict.UNKNOWN)
+    if cells:
+        reporter.stats.setdefault(UNKNOWN_KEY, []).extend(sorted(cells))
+
+
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
 ) -> None:
@@ -642,6 +664,12 @@ def pytest_terminal_summary(
 
         for line in compare_lines(comparison, s.compare):
             terminalreporter.write_line(run.redact(line))
+    _count_unknowns(
+        terminalreporter,
+        acc if baseline is not None else None,
+        store.ab,
+        comparison if s.compare else None,
+    )
     if s.results:
         terminalreporter.write_line(f"results: {s.results}")
     for output, path in s.outputs:

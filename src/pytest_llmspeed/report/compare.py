@@ -226,16 +226,24 @@ ONE_REQUEST_REMEDY = "--llm-prefill-repeats=6 (or more: six cold requests a cell
 
 def one_request(old: CellRecord, new: CellRecord) -> str:
     """Why a prefill cell's figures have no interval, in words ("" when they have one): a
-    cell measured from one cold request on a side."""
+    cell measured from too few cold requests for one (fewer than six) on a side."""
+
+    def requests(n: int) -> str:
+        return "one cold request" if n == 1 else f"{n} cold requests"
+
     sides = [
-        side
+        (side, r.repeats or 1)
         for side, r in (("old", old), ("new", new))
-        if r.phase is Phase.PREFILL and (r.repeats or 1) == 1 and r.prompt_tok_s_ci is None
+        if r.phase is Phase.PREFILL and r.prompt_tok_s_ci is None
     ]
     if not sides:
         return ""
-    which = "each run" if len(sides) == 2 else f"the {sides[0]} run"
-    return f"one cold request in {which}"
+    if len(sides) == 1:
+        return f"{requests(sides[0][1])} in the {sides[0][0]} run"
+    (_, a), (_, b) = sides
+    if a == b:
+        return f"{requests(a)} in each run"
+    return f"{requests(a)} in the old run, {b} in the new"
 
 
 def explanation(a: CellRecord, b: CellRecord, verdict: Verdict) -> str:
