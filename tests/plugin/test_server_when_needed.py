@@ -3,6 +3,7 @@ documented way to share it in a repository), plain ``pytest`` runs the unit test
 touching the network or starting anything; the built-in suite, or a test of the user's that
 uses an ``llm_*`` fixture, starts the server after collection."""
 
+import json
 import re
 import socket
 import subprocess
@@ -136,7 +137,11 @@ def test_a_deselected_test_of_yours_does_not_turn_the_suite_off(pytester, refusi
     dead.stderr.fnmatch_lines([f"ERROR: pytest-llmspeed: cannot reach the LLM server at {url}*"])
     # -m decode selects the suite's decode cells; the user's test is not one of them
     args = ("--llm-contexts=1K", "--llm-concurrency=1", "--llm-duration=1", "-p", "no:randomly")
-    run = pytester.runpytest("--llm-endpoint=sim:tiny?speed=8", "-m", "decode", *args)
+    run = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=8&api_key=sk-hidden", "--llm-api-key=sk-hidden", "-m",
+        "decode", "--llm-results=r.json",
+        *args,
+    )  # fmt: skip
     outcomes = run.parseoutcomes()
     assert outcomes.get("passed") == 1, run.stdout.str()
     run.stdout.fnmatch_lines(
@@ -145,6 +150,12 @@ def test_a_deselected_test_of_yours_does_not_turn_the_suite_off(pytester, refusi
             "llmspeed: built-in suite added: -m 'decode' names its markers",
         ]
     )
+    # what the simulator simulated is named with its options (not its key) in the results
+    assert json.loads((pytester.path / "r.json").read_text())["run"]["endpoint"] == (
+        "sim:tiny?speed=8"
+    )
+    assert "note: built-in simulator: sim:tiny?speed=8 at " in run.stdout.str()
+    assert "sk-hidden" not in run.stdout.str()
     collected = int(re.search(r"collected (\d+) items", run.stdout.str())[1])  # type: ignore[index]
     assert outcomes["passed"] + outcomes["deselected"] == collected  # every item accounted for
 

@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import time
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..contexts import LIMIT, MAX
 from ..core.errors import LLMSpeedError, redact
@@ -38,13 +38,21 @@ PAUSE_S = 5.0
 
 
 def public_url(url: str) -> str:
-    """The endpoint without credentials or query (they may hold secrets)."""
+    """The endpoint without credentials or query (they may hold secrets); the simulator's
+    spec with its options (``sim:PROFILE?speed=10``: what it simulates depends on them), its
+    ``api_key`` out."""
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<unparseable url>"
     if not parts.scheme.startswith("http"):
-        return url.split("?")[0]
+        spec, _, query = url.partition("?")
+        kept = [
+            (k, v)
+            for k, v in parse_qsl(query, keep_blank_values=True)
+            if k.strip().replace("-", "_") != "api_key"
+        ]
+        return f"{spec}?{urlencode(kept, safe=':,')}" if kept else spec
     host = parts.hostname or ""
     if parts.port:
         host = f"{host}:{parts.port}"
@@ -115,9 +123,7 @@ class ServerUnderTest:
                 raise LLMSpeedError(str(exc)) from None
             self.base_url = urls[0]
             endpoints = tuple(urls) if len(urls) > 1 else ()
-            self.notes.append(
-                f"built-in simulator: {s.endpoint.split('?')[0]} at {', '.join(urls)}"
-            )
+            self.notes.append(f"built-in simulator: {public_url(s.endpoint)} at {', '.join(urls)}")
         else:
             self.base_url = s.endpoint
         self.bench = Bench(
