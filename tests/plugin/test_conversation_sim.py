@@ -47,7 +47,9 @@ def test_conversation_cells_run_per_context_and_users_and_report_each_turn(pytes
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
         [
-            "llmspeed: api completions*conversations at 1K · users 1,3 · turns 3",
+            # its own settings, not the decode cells' window and max output
+            "llmspeed: api completions (* prompts) · turns of 64 new tokens, at most 16 out, 0 s "
+            "apart · conversations at 1K · users 1,3 · turns 3",
             "llmspeed::test_conversation[[]1K-u1-t3[]] PASSED*",
             "*conversation[[]1K-u1-t3[]]: 3 turns · TTFT * ms after the first · prefix cache *%"
             " (should hit *%)*",

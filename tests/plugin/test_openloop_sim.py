@@ -88,7 +88,14 @@ def test_a_trace_is_replayed_as_trace_name_with_its_blocks_shared(pytester):
         "no:benchmark",
     )
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["llmspeed::test_trace[[]day1[]] PASSED*", "*trace[[]day1[]]*"])
+    result.stdout.fnmatch_lines(
+        [
+            # its own settings: no window, no max output of ours (the trace has its lengths)
+            "llmspeed: api completions (* prompts) · trace at 2× its speed · trace day1",
+            "llmspeed::test_trace[[]day1[]] PASSED*",
+            "*trace[[]day1[]]*",
+        ]
+    )
     cell = _cells(pytester)["trace[day1]"]
     assert cell["phase"] == "trace" and cell["status"] == "valid"
     assert cell["open_requests"] == 3 and cell["open_completed"] == 3

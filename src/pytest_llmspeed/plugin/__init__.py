@@ -546,7 +546,8 @@ def pytest_report_collectionfinish(config: pytest.Config) -> list[str] | None:
         return None
     lines = [f"llmspeed: {run.selection.rule}"]
     if run.selection.needs_server and config.getoption("verbose") >= 0:
-        lines += run.server.header(selected=run.selection.words())  # what runs, not the ini's
+        # what runs, not the ini's, each kind of cell with its own settings
+        lines += run.server.header(selected=run.selection.words(), phases=run.selection.phases())
         if run.ab is not None:
             lines += run.ab.header()
     return [run.redact(line) for line in lines]

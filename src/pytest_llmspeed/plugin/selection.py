@@ -21,7 +21,7 @@ from .stash import CELL_KEY
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from ..results import CellId
+    from ..results import CellId, Phase
     from .settings import Settings
 
 #: the fixtures that need the server (any one of them in a test's closure)
@@ -99,6 +99,7 @@ def selected_words(cells: list[CellId], open_contexts: list[int | str]) -> str:
     parts = []
     rated = [c for c in cells if c.phase is Phase.RATE]
     talks = [c for c in cells if c.phase is Phase.CONVERSATION]
+    traces = [c for c in cells if c.phase is Phase.TRACE]
     cells = [c for c in cells if not c.phase.open_loop and c.phase is not Phase.CONVERSATION]
     decode = [c for c in cells if c.phase is Phase.DECODE]
     contexts = _listed(c.context for c in cells)
@@ -126,6 +127,8 @@ def selected_words(cells: list[CellId], open_contexts: list[int | str]) -> str:
         parts.append(
             f"conversations at {_listed(c.context for c in talks)} · users {users} · turns {turns}"
         )
+    if traces:  # a trace's cell is named after its file (docs/workloads.md)
+        parts.append("trace " + ", ".join(dict.fromkeys(str(c.context) for c in traces)))
     if open_contexts:
         at = _listed(open_contexts)
         parts.append(
@@ -150,6 +153,7 @@ class Selection:
         #: the tests that name their cell only when they run (:func:`is_open`), by node id
         self.open: set[str] = set()
         self.needs_server = False  # a selected test uses the server
+        self.traces: list[str] = []  # the names of the selected trace cells
 
     def mark_own(self, items: list[pytest.Item]) -> None:
         """Mark the user's tests that use the ``llm_*`` fixtures ``llmspeed``, before ``-m``
@@ -202,10 +206,30 @@ class Selection:
         self.node_cells = {i.nodeid: i.stash[CELL_KEY] for i in measured}
         self.open = {i.nodeid for i in measured if is_open(i)}
         self.needs_server = any(needs_server(i) for i in items)
+        # a trace's cell is named when it runs (its name is no context): the header's words
+        self.traces = [
+            str(i.callspec.params["llm_trace"].name)  # type: ignore[attr-defined]
+            for i in items
+            if "llm_trace" in getattr(getattr(i, "callspec", None), "params", {})
+        ]
+
+    def phases(self) -> set[Phase]:
+        """The kinds of the selected cells (a test of yours that names its cell when it runs
+        counts as decode)."""
+        from ..results import Phase
+
+        return (
+            {c.phase for c in self.node_cells.values()}
+            | ({Phase.DECODE} if self.open else set())
+            | ({Phase.TRACE} if self.traces else set())
+        )
 
     def words(self) -> str:
         """What is selected to run, for the header (:func:`selected_words`)."""
+        from ..results import CellId
+
         closed = [c for n, c in self.node_cells.items() if n not in self.open]
+        closed += [CellId.trace(name) for name in self.traces]
         open_contexts = [c.context for n, c in self.node_cells.items() if n in self.open]
         return selected_words(closed, open_contexts)
 

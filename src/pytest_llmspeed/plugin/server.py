@@ -20,7 +20,7 @@ from ..core.matrix import Skip, context_label, decode_skip, exceeds_max_model_le
 from ..core.text import for_person, printable
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Collection
 
     from ..core.bench import Bench
     from ..core.launch import LaunchedServer
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..core.prompts import PromptFactory
     from ..core.protocol import DecodeResult, DecodeTick, PrefillResult
     from ..core.wire import Dialect
-    from ..results import CellId
+    from ..results import CellId, Phase
     from .settings import Settings
 
 
@@ -411,12 +411,17 @@ class ServerUnderTest:
     # -- in words --------------------------------------------------------------------------
 
     def header(
-        self, shown: Callable[[object], str] = for_person, selected: str | None = None
+        self,
+        shown: Callable[[object], str] = for_person,
+        selected: str | None = None,
+        phases: Collection[Phase] | None = None,
     ) -> list[str]:
         """The server line and the run's settings line; each of the server's own strings
         (model, engine, version) through ``shown``: the one gate to a person (no control
         character, no line break, at most 200 characters), or Markdown's. ``selected``: what
-        the session runs, in words (``Selection.words``); without it, the settings' matrix."""
+        the session runs, in words (``Selection.words``); without it, the settings' matrix.
+        ``phases``: the kinds of the selected cells, each with its own settings (a trace's
+        cells have no window and no max output of ours; conversations their turns')."""
         if self.info is None:
             return [f"llmspeed: endpoint {self.public_endpoint} (not probed)"]
         s = self.settings
@@ -430,17 +435,29 @@ class ServerUnderTest:
         described = safe.describe()
         for url in {info.base_url, *info.replicas}:
             described = described.replace(url, public_url(url))
+        from ..results import Phase
+
+        kinds = set(Phase) if phases is None else set(phases)
+        settings = []
+        if kinds & {Phase.PREFILL, Phase.DECODE, Phase.RATE}:
+            settings.append(f"max output {s.max_output} · {self.window_words}")
+        if Phase.TRACE in kinds and s.trace_speed != 1:
+            settings.append(f"trace at {s.trace_speed:g}× its speed")
+        if Phase.CONVERSATION in kinds and s.turns:
+            settings.append(
+                f"turns of {s.turn_tokens} new tokens, at most {s.turn_output} out, "
+                f"{s.think_time:g} s apart"
+            )
+        settings.append(
+            selected
+            if selected is not None
+            else f"contexts {','.join(context_label(c) for c in s.contexts)} · "
+            f"concurrency {','.join(map(str, s.concurrency))}"
+        )
         return [
             "llmspeed " + self.redact(described),
             f"llmspeed: api {s.api} ({'token-id' if self.prompt_form == 'ids' else 'text'} "
-            "prompts) · "
-            f"max output {s.max_output} · {self.window_words} · "
-            + (
-                selected
-                if selected is not None
-                else f"contexts {','.join(context_label(c) for c in s.contexts)} · "
-                f"concurrency {','.join(map(str, s.concurrency))}"
-            ),
+            "prompts) · " + " · ".join(settings),
         ]
 
     @property
