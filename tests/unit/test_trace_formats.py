@@ -309,3 +309,23 @@ def test_csv_names_and_notes_through_the_servers_context():
     kept, note = fitting(trace, 1000)
     assert [r.input_length for r in kept.requests] == [472, 417]
     assert kept.notes == trace.notes and note is not None and "1 of 3 requests" in note
+
+
+def test_hash_ids_that_do_not_cover_the_prompt_in_512_token_blocks_are_a_note(tmp_path):
+    """One id a 512-token block (the Mooncake format's): a line with fewer ids than its
+    prompt's blocks, or more (a trace made with smaller blocks), is named in the notes."""
+    lines = [
+        {"timestamp": 0, "input_length": 1100, "output_length": 4, "hash_ids": [1, 2, 3]},
+        {"timestamp": 5, "input_length": 1100, "output_length": 4, "hash_ids": [1]},
+        {"timestamp": 9, "input_length": 64, "output_length": 4, "hash_ids": [1, 2, 3, 4]},
+        {"timestamp": 12, "input_length": 300, "output_length": 4},
+    ]
+    path = _write(tmp_path, "t.jsonl", "".join(json.dumps(r) + "\n" for r in lines))
+    (note,) = read_trace(path).notes
+    assert note.startswith("trace t: 1 request(s) with fewer hash_ids than their prompt's blocks")
+    assert "(the first: line 2, 1 ids for 1,100 tokens, 3 blocks of 512)" in note
+    assert "1 request(s) with more hash_ids than their prompt's blocks" in note
+    assert "(the first: line 3, 4 ids for 64 tokens, 1 blocks of 512)" in note
+    # ids that cover the prompt, or none at all: nothing to say
+    good = _write(tmp_path, "g.jsonl", "".join(json.dumps(r) + "\n" for r in lines[::3]))
+    assert read_trace(good).notes == ()

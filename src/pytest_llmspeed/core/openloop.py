@@ -516,8 +516,37 @@ def _trace(
             f"from line {first:,} left out ({why}): to replay another part, cut it to a file "
             f"of its own, e.g. {part}"
         )
+    blocks = block_mismatch(got.requests)
+    if blocks:
+        notes.append(f"trace {name}: {blocks}")
     requests = sorted(got.requests, key=lambda r: r.timestamp_ms)  # stable: equal times too
     return Trace(name, source, tuple(requests), tuple(notes))
+
+
+def block_mismatch(requests: Sequence[TraceRequest]) -> str:
+    """The requests whose ``hash_ids`` are not one id per :data:`BLOCK_TOKENS` of their
+    prompt, in words ("" when none): fewer leave the rest of the prompt unique to the request
+    (no sharing is replayed there); more are cut (a trace made with smaller blocks shares at
+    other places than it says). The first such line is named."""
+    short = [r for r in requests if r.hash_ids and len(r.hash_ids) * BLOCK_TOKENS < r.input_length]
+    long = [r for r in requests if len(r.hash_ids) > -(-r.input_length // BLOCK_TOKENS)]
+    parts = []
+    for rows, words in (
+        (short, "fewer hash_ids than their prompt's blocks: the rest of each prompt is its own"),
+        (long, "more hash_ids than their prompt's blocks: the extra ids are not replayed"),
+    ):
+        if rows:
+            r = rows[0]
+            parts.append(
+                f"{len(rows):,} request(s) with {words} (the first: line {r.line:,}, "
+                f"{len(r.hash_ids):,} ids for {r.input_length:,} tokens, "
+                f"{-(-r.input_length // BLOCK_TOKENS):,} blocks of {BLOCK_TOKENS})"
+            )
+    if not parts:
+        return ""
+    return "; ".join(parts) + (
+        f" — a trace's hash_ids name blocks of {BLOCK_TOKENS} tokens (the Mooncake format's)"
+    )
 
 
 def parse_trace(lines: Iterable[bytes | str], source: str, name: str | None = None) -> Trace:
