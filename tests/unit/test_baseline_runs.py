@@ -311,3 +311,56 @@ def test_the_reference_se_is_the_mean_of_k_runs():
 def test_t_quantile(df, quantile):
     assert round(t_quantile(0.99, df), 3) == quantile
     assert Spread(0.01, df or 0, 1).quantile == pytest.approx(t_quantile(0.99, df))
+
+
+def _scaled(records: list[CellRecord], factor: float) -> list[CellRecord]:
+    """Each valid record's figures (and their intervals) times ``factor``: a run of a server
+    ``factor`` as fast."""
+    out = []
+    for rec in records:
+        changes = {}
+        for key in ("total_tok_s", "per_request_tok_s", "prompt_tok_s"):
+            value = getattr(rec, key)
+            if value is not None:
+                changes[key] = value * factor
+                ci = getattr(rec, f"{key}_ci", None)
+                if ci is not None:
+                    changes[f"{key}_ci"] = (ci[0] * factor, ci[1] * factor)
+        out.append(dataclasses.replace(rec, **changes))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("factors", "named"),
+    [((1.0, 0.995, 0.929), [3]), ((1.0, 0.995, 1.004), []), ((0.93, 1.0, 0.996, 1.003), [1])],
+    ids=["third-disturbed", "three-alike", "first-of-four"],
+)
+def test_a_run_outside_the_others_is_named_when_saved(tmp_path, factors, named):
+    """Runs of a baseline saved one by one: a run 7 % below two that agree within 0.5 % in
+    every cell (the issue's [505.5, 503.0, 468.5]) is named when it lies outside the others
+    beyond their noise; runs that agree are not. Deterministic: made runs, no draw."""
+    from pytest_llmspeed.gate.baseline import save
+    from pytest_llmspeed.results import load as load_results
+
+    one = next(
+        c
+        for c in load_results(DATA / "v1" / "results.json").cells
+        if c.id == CellId.decode(1024, 8)
+    )
+    # eight cells alike (a disturbed run moves every cell): 16 gated figures
+    records = [
+        dataclasses.replace(one, id=CellId.decode(1024 * k, n))
+        for k in (1, 2, 4, 8)
+        for n in (1, 4)
+    ]
+    path = tmp_path / "b.toml"
+    run = {"engine": "llmspeed-sim", "engine_version": "0.26.1"}
+    for i, factor in enumerate(factors):
+        saved = save(path, run, _scaled(records, factor), date=f"2026-12-0{i + 1}")
+    assert saved.runs == len(factors)
+    said = [int(o.split()[1]) for o in saved.outliers]
+    assert said == named, saved.outliers
+    for line in saved.outliers:
+        assert "lies outside the others beyond their noise" in line and "add runs" in line
+    lines = saved.lines()
+    assert lines[0] == saved.message() and len(lines) == 1 + len(named)

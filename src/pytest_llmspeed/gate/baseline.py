@@ -28,7 +28,7 @@ from typing import Any
 from .. import figures
 from ..figures import Gate
 from ..results import CellId, CellRecord, ServerFigures, Status
-from .noise import UNKNOWN, Pair, Spread, pooled_spread
+from .noise import UNKNOWN, Pair, Spread, pooled_spread, t_quantile, within_se
 
 #: run settings that make two runs comparable (a key a file lacks is not compared: files of
 #: earlier versions have no "tools" nor "prompt_text")
@@ -512,6 +512,9 @@ class Saved:
     cells: int  # cells this run gave
     runs: int  # runs the file holds now
     added: bool  # the run was added to a baseline already there
+    #: the file's runs that lie outside the others beyond their noise, in words
+    #: (:func:`outlying_runs`)
+    outliers: tuple[str, ...] = ()
 
     def message(self) -> str:
         """``baseline: 9 cells written to perf/b.toml`` or ``baseline: run 3 added to
@@ -522,6 +525,10 @@ class Saved:
             f"baseline: run {self.runs} added to {self.path} ({self.cells} cells; "
             f"{self.runs} runs now)"
         )
+
+    def lines(self) -> list[str]:
+        """:meth:`message`, then a line for each run that lies outside the others."""
+        return [self.message(), *(f"baseline {self.path}: {o}" for o in self.outliers)]
 
 
 def _now() -> str:
@@ -581,7 +588,69 @@ def save(
         return Saved(p, count, 1, added=False)
     text, count = render_added(existing, run, records, date, slo)
     _write(p, text)
-    return Saved(p, count, existing.runs + 1, added=True)
+    try:
+        outliers = tuple(outlying_runs(load(p)))
+    except BaselineError:  # the file just written reads back; a check never stops a save
+        outliers = ()
+    return Saved(p, count, existing.runs + 1, added=True, outliers=outliers)
+
+
+#: a baseline's run lies outside the others when the median over its gated figures of
+#: |z| — its figure against the other runs' mean, in units of their spread — passes t's
+#: two-sided 99.9 % quantile (docs/gate.md, "A run outside the others")
+OUTLIER_LEVEL = 0.9995
+#: the least relative spread between runs assumed (as the A/B's floor, gate/ab.py): runs that
+#: agree to 0.1 % do not make a 1 % move an outlier
+OUTLIER_FLOOR = 0.01
+
+
+def outlying_runs(baseline: Baseline) -> list[str]:
+    """The runs of a baseline of three or more that lie outside the others beyond their noise,
+    each in words with its most outlying figure and what to do. Robust by construction: each
+    run is judged against the spread of the *other* runs (its own cannot widen it), and by the
+    median over every gated figure (a disturbed run moves most cells; one odd cell does not
+    make a run odd)."""
+    k = baseline.runs
+    figs = [
+        (cid, metric, fr)
+        for cid, cell in baseline.cells.items()
+        for metric, fr in cell.runs.items()
+        if fr.count == k and min(fr.values) > 0
+    ]
+    if k < 3 or not figs:
+        return []
+    out = []
+    for r in range(k):
+        ss, dof, found = 0.0, 0, []
+        for cid, metric, fr in figs:
+            logs = [math.log(v) for v in fr.values]
+            others = logs[:r] + logs[r + 1 :]
+            mean = sum(others) / len(others)
+            ss += sum((x - mean) ** 2 for x in others)
+            dof += len(others) - 1
+            found.append((cid, metric, fr, logs[r] - mean))
+        s2 = max(ss / dof, OUTLIER_FLOOR**2)
+        scored = []
+        for cid, metric, fr, d in found:
+            w = within_se(fr.values[r], fr.intervals[r])
+            scored.append((abs(d) / math.sqrt(s2 * (1 + 1 / (k - 1)) + w * w), cid, metric, fr, d))
+        scored.sort(key=lambda z: z[0])
+        median = scored[len(scored) // 2][0]
+        if median <= t_quantile(OUTLIER_LEVEL, dof):
+            continue
+        _, cid, metric, fr, d = scored[-1]
+        others = [v for i, v in enumerate(fr.values) if i != r]
+        beyond = sum(1 for z in scored if z[0] > t_quantile(OUTLIER_LEVEL, dof))
+        label = figures.by_key(metric).label
+        change = f"{math.expm1(d):+.1%}".replace("-", "−")
+        out.append(
+            f"run {r + 1} of {k} lies outside the others beyond their noise in {beyond} of "
+            f"{len(scored)} figures ({cid} {label} {fr.values[r]:,.1f} against "
+            f"{min(others):,.1f}–{max(others):,.1f}, {change}): a run disturbed by "
+            "other work widens the spread the gate allows for and moves the reference; save "
+            "the baseline again on a quiet machine (a new file), or add runs"
+        )
+    return out
 
 
 def _toml_value(value: Any) -> str:
