@@ -63,9 +63,14 @@ def test_a_started_server_and_a_baseline_on_the_command_line_run_the_matrix(pyte
         ]
     )
     assert "decode[1K-c4]" in (pytester.path / "b.toml").read_text()
+    # Chance: the test is about what asks for the matrix, not about verdicts: the gate gets a
+    # tolerance (90 %) no load reaches on the simulator (a busy machine read an unchanged
+    # prefill −33 %, beyond both intervals, at the file's 5 %). --llm-tolerance given stands
+    # over the file's default.
     gated = pytester.runpytest(serve, *MATRIX, "--llm-baseline=b.toml", "--llm-tolerance=90%")
     gated.assert_outcomes(passed=4)
-    gated.stdout.fnmatch_lines(["*Baseline b.toml: *"])
+    gated.stdout.fnmatch_lines(["*Baseline b.toml: 0 regression(s)*"])
+    assert "tolerance = 0.05" in (pytester.path / "b.toml").read_text()  # the file's, kept
 
 
 def test_a_baseline_asked_for_with_nothing_measured_fails_saying_so(pytester):

@@ -92,8 +92,8 @@ def test_a_miss_is_re_measured_on_a_restarted_simulator(pytester):
     )
     result.stdout.fnmatch_lines(
         [
-            "note: the server was restarted * time(s) to re-measure cells that missed their "
-            "baseline on a fresh start"
+            "note: the server was restarted * time(s) to re-measure cells on a fresh start: a "
+            "miss of the baseline to confirm, or a figure too noisy to tell"
         ]
     )
     cells = json.loads((pytester.path / "out.json").read_text())["cells"]

@@ -263,14 +263,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if run.server.restarts:
         run.store.note(
-            f"the server was restarted {run.server.restarts} time(s) to re-measure cells that "
-            "missed their baseline on a fresh start"
+            f"the server was restarted {run.server.restarts} time(s) to re-measure cells on a "
+            "fresh start: a miss of the baseline to confirm, or a figure too noisy to tell"
         )
     if _unmeasured(session.config, run, interrupted):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    saved = run.gate.save()
-    if saved:
-        run.store.note(saved)
+    for line in run.gate.save():
+        run.store.note(line)
     if run.server.started:
         run.store.write()  # the notes of the session's end reach the file and the page
     run.stop()

@@ -72,6 +72,11 @@ class GateSession:
             from ..gate.baseline import load
 
             self.baseline = load(settings.baseline)  # BaselineError: bad file
+            if settings.tolerance_given:  # over the file's default; a cell's own stays
+                self.baseline.tolerance = settings.tolerance
+                for cell in self.baseline.cells.values():
+                    if cell.own_tolerance is None:
+                        cell.tolerance = settings.tolerance
 
     def comparable(self) -> dict[str, Any]:
         """The run settings a baseline must share to be compared with this run."""
@@ -325,11 +330,12 @@ class GateSession:
             unknown_fails=self.settings.unknown == "fail",
         )
 
-    def save(self) -> str | None:
+    def save(self) -> list[str]:
         """--llm-save-baseline: write this run's cells as a baseline, or add them as one more
-        run to the baseline there; what was done, in words."""
+        run to the baseline there; what was done, in words (and each run that lies outside
+        the others)."""
         if not self.settings.save_baseline or not self._store.cells:
-            return None
+            return []
         from ..gate.baseline import save
 
         slo = None
@@ -342,6 +348,7 @@ class GateSession:
             self.settings.save_baseline,
             self.saved_run(),
             list(self._store.cells.values()),
+            tolerance=self.settings.tolerance,
             slo=slo,
         )
-        return saved.message()
+        return saved.lines()

@@ -84,7 +84,7 @@ class ServerUnderTest:
         #: why the run stopped (the key refused, the server gone), once it has
         self.fatal: str | None = None
         self._sim: contextlib.ExitStack | None = None
-        self.restarts = 0  # restarts to re-measure a cell that missed its baseline
+        self.restarts = 0  # restarts to re-measure a cell (a miss to confirm, an unknown)
 
     @property
     def restartable(self) -> bool:

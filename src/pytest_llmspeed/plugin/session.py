@@ -101,9 +101,8 @@ class LLMSpeedRun:
         """--llm-runs: the previous run's cells added to the baseline, the server restarted
         (a fresh start), run ``number`` begun with no cells. Raises LLMSpeedError /
         ValueError when the restart fails."""
-        saved = self.gate.save()
-        if saved:
-            self.store.note(saved)
+        for line in self.gate.save():
+            self.store.note(line)
         self.server.restart()
         self.store.cells.clear()
         self.store.write()

@@ -337,8 +337,10 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "tolerance",
-        "the change an A/B's verdicts tolerate, as a percentage or a fraction (5% or 0.05): a "
-        "cell is regressed when worse by more beyond the noise, same when shown within it",
+        "the change a verdict tolerates, as a percentage or a fraction (5% or 0.05): a cell is "
+        "regressed when worse by more beyond the noise, same when shown within it. The A/B's; "
+        "given, also the stored gate's (over the baseline file's default; a cell's own "
+        "tolerance in the file stays) and the default written into a baseline saved with it",
         default="5%",
     ),
     Option(
@@ -432,6 +434,9 @@ class Settings:
     #: --llm-ab-prior: earlier A/Bs read (gate.prior.PriorFile each)
     ab_prior: tuple[Any, ...] = ()
     tolerance: float = 0.05
+    #: --llm-tolerance was given (command line, environment or ini file): it then stands for
+    #: the stored gate's default tolerance too, and is written into a baseline saved with it
+    tolerance_given: bool = False
     budget: float | None = None  # seconds
     unknown: str = "warn"
 
@@ -693,6 +698,8 @@ def load(config: pytest.Config) -> Settings:
             if problem:
                 raise _bad(raw_value(config, opt)[1], path, problem)
     plan = values.pop("serve_plan", None)
+    tolerance = next(o for o in OPTIONS if o.name == "tolerance")
+    values["tolerance_given"] = not raw_value(config, tolerance)[1].endswith(" default")
     settings = Settings(**{k: v for k, v in values.items() if v is not None})
     return dataclasses.replace(settings, notes=tuple(notes), serve_plan=plan)
 
