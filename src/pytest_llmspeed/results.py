@@ -479,9 +479,13 @@ class Check:
         )
 
     def more_words(self) -> str:
-        """What would decide an unknown: ``about 3 more measurement(s) would decide it``."""
+        """What would decide an unknown: ``about 3 more measurement(s) would decide it
+        (--llm-confirm=4)``: the confirmations this check had, and those."""
         if self.more is not None:
-            return f"about {self.more} more measurement(s) would decide it"
+            confirm = len(self.values) - 1 + self.more
+            return (
+                f"about {self.more} more measurement(s) would decide it (--llm-confirm={confirm})"
+            )
         return "too close to its limit for more measurements to decide it"
 
     def unknown_message(self) -> str:

@@ -64,7 +64,7 @@ def test_an_unknown_cell_is_named_and_warns_by_default(
             "  2 baseline cell(s): 0 same, 0 improved, 2 unknown, 0 regressed, 0 not run, "
             "0 deselected, 0 not gated",
             "  unknown     decode[[]1K-c1[]] total tok/s * its limit *: too noisy to "
-            "tell *; about * more measurement(s) would decide it",
+            "tell *; about * more measurement(s) would decide it (--llm-confirm=*)",
             "  (cells too noisy to tell pass: --llm-unknown=fail fails them)",
         ]
     )

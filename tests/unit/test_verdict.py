@@ -255,7 +255,9 @@ def test_the_messages_say_beyond_or_within_the_intervals():
         prefill.unknown_message()
     )
     assert "window" not in prefill.unknown_message()
-    assert noisy.unknown_message().endswith("; about 4 more measurement(s) would decide it")
+    assert noisy.unknown_message().endswith(
+        f"; about 4 more measurement(s) would decide it (--llm-confirm={len(noisy.values) + 3})"
+    )
     data = noisy.to_v1()
     assert data["noisy"] is True and data["reference_ci"] == [94.0, 106.0]
     assert data["verdict"] == "unknown" and data["more"] == 4

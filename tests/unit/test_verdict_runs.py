@@ -188,7 +188,7 @@ def test_messages_name_the_runs_and_the_spread():
         "of 3 runs 100.0 ±3.4%), but within the noise between runs (spread 3.0%): too noisy to "
         "tell (more runs in the baseline, or more confirmations on fresh starts (a higher "
         f"--llm-confirm), narrow it); about "
-        f"{noisy.more} more measurement(s) would decide it"
+        f"{noisy.more} more measurement(s) would decide it (--llm-confirm={noisy.more})"
     )
     fresh = verdict(THREE, [cell(total=v) for v in (90.0, 88.0)], fresh_starts=True)
     assert fresh.checks[0].message().endswith("[attempts on fresh starts: 90.0, 88.0]")

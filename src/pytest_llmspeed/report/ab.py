@@ -100,7 +100,8 @@ def lines(doc: Mapping[str, Any]) -> list[str]:
         if v["verdict"] == "unknown":
             more = v.get("more_blocks")
             why = v.get("missing") or (
-                f"about {more} more block(s) of 4 starts would decide it"
+                f"about {more} more block(s) of 4 starts would decide it (a longer "
+                "--llm-budget, or --llm-ab-prior=FILES: earlier A/Bs' spread between starts)"
                 if more is not None
                 else "too close to the tolerance for more starts to decide"
             )
