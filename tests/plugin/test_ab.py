@@ -35,6 +35,14 @@ def test_a_slower_new_version_regresses_with_why(results_doc, pytester):
         *ab(new="--slower decode:1.0"), *ARGS, "--llm-concurrency=1,4", "--junitxml=j.xml"
     )
     assert result.ret == 1
+    # one report per test, whatever the rounds: pytest's counts and JUnit add up to 3 tests
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) + outcomes.get("passed", 0) == 3, outcomes
+    cases = list(ET.parse(pytester.path / "j.xml").iter("testcase"))
+    assert len(cases) == 3, [c.get("name") for c in cases]
+    decode = next(c for c in cases if c.get("name") == "test_decode[1K-c1]")
+    names = [p.get("name") for p in decode.iter("property")]
+    assert names.count("ab_verdict") == 1 and any(n.startswith("round 8 ") for n in names)
     doc = results_doc("out.json")["ab"]
     # each block old new new old or its mirror, as drawn from the recorded seed
     assert doc["order"][:8] == [*block_order(0, doc["seed"]), *block_order(1, doc["seed"])]

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Generator
 
     from ..results import CellId
+    from .ab import ABRun
     from .session import LLMSpeedRun
 
 MARKERS = (
@@ -166,6 +167,28 @@ def _run_items(session: pytest.Session, items: list[pytest.Item]) -> None:
             raise session.Interrupted(session.shouldstop)
 
 
+def _run_rounds_items(session: pytest.Session, items: list[pytest.Item], ab: ABRun) -> None:
+    """One round of the A/B: each test run as pytest's own protocol runs it, but the reports
+    of a cell's test held (:meth:`ABRun.hold`): it is reported once, with its cell's verdict
+    and every round it ran in (pytest's counts and JUnit hold one case per test)."""
+    from _pytest.runner import runtestprotocol
+
+    for i, item in enumerate(items):
+        item.user_properties.clear()
+        nextitem = items[i + 1] if i + 1 < len(items) else None
+        if ab.holds(item):  # as pending.run_protocol: its progress lines, its reports held
+            ihook = item.ihook
+            ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+            ab.hold(item, runtestprotocol(item, nextitem=nextitem, log=False))
+            ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        else:
+            item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        if session.shouldfail:
+            raise session.Failed(session.shouldfail)
+        if session.shouldstop:
+            raise session.Interrupted(session.shouldstop)
+
+
 def _ab_loop(session: pytest.Session, run: LLMSpeedRun) -> bool:
     """The A/B (--llm-serve-baseline, --llm-endpoint-baseline): rounds of the selected tests
     in ABBA order, each on a fresh start of its version, a cell's tests only while it is
@@ -193,7 +216,9 @@ def _ab_loop(session: pytest.Session, run: LLMSpeedRun) -> bool:
                         f"the {arm} version ({flag}) failed: {why}"
                     )
                 ) from None
-            _run_items(session, [item for item in session.items if ab.runs_item(item, index)])
+            _run_rounds_items(
+                session, [item for item in session.items if ab.runs_item(item, index)], ab
+            )
             ab.end_round()
             index += 1
         ab.conclude()

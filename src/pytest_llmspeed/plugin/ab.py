@@ -5,11 +5,12 @@ it (``--llm-ab-rounds``, ``--llm-budget``). The bookkeeping and arithmetic are
 :mod:`..gate.ab`'s; this module switches the servers, feeds the ledger and turns a verdict
 into the cell's test outcome.
 
-The test of a cell runs once per round it is measured in, and passes when the measurement is
-valid. When a block ends that decides the cell (or the rounds end), its verdict is reported
-as one more outcome of the same test: failed when the cell regressed (and, under
-``--llm-unknown=fail``, when it stays unknown), with the change, its interval and, from both
-versions' server figures, why; passed otherwise, the verdict in its JUnit properties.
+The test of a cell runs once per round it is measured in, its reports held (:meth:`ABRun.hold`).
+When a block ends that decides the cell (or the rounds end), the test is reported once, with
+its verdict: failed when the cell regressed (and, under ``--llm-unknown=fail``, when it stays
+unknown, or when a round's measurement was not valid), with the change, its interval and,
+from both versions' server figures, why; passed otherwise; the verdict and every round's
+figures in its JUnit properties. pytest counts one test per cell.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ class ABRun:
         #: start has said what machine and model this A/B runs on
         self.prior_files: list[tuple[str, str | None]] = []
         self._items: dict[str, pytest.Item] = {}
+        #: a cell's test → its reports of each round it ran in, held until its verdict
+        #: (:meth:`hold`): one report per test, the rounds its properties
+        self.held: dict[str, list[tuple[str, list[pytest.TestReport]]]] = {}
 
     def header(self) -> list[str]:
         """What the A/B compares and how, under the server line (the first round's version's:
@@ -259,6 +263,17 @@ class ABRun:
         twice)."""
         return self._items
 
+    def holds(self, item: pytest.Item) -> bool:
+        """Are ``item``'s reports held until its cell's verdict (a test of one cell)?"""
+        cid = self.run.selection.node_cells.get(item.nodeid)
+        return cid is not None and self._items.get(str(cid)) is item
+
+    def hold(self, item: pytest.Item, reports: list[pytest.TestReport]) -> None:
+        """One round's reports of ``item``, kept (the round's label with them)."""
+        index = max(len(self.ledger.rounds) - 1, 0)
+        label = f"round {index + 1} {self.ledger.arm(index)}"
+        self.held.setdefault(item.nodeid, []).append((label, list(reports)))
+
     def set_items(self, items: list[pytest.Item]) -> None:
         cells = self.run.selection.node_cells
         self._items = {str(cells[i.nodeid]): i for i in items if i.nodeid in cells}
@@ -277,27 +292,52 @@ class ABRun:
         words = run.redact(f"{got.cell} A/B {got.words()}")
         if got.explanation:
             words += "\n  why: " + run.redact(got.explanation)
-        props = [
+        props: list[tuple[str, object]] = [
             (VERDICT_PROPERTY, got.verdict.value),
             ("ab_change", words.splitlines()[0]),
             ("ab_starts", got.starts),
         ]
+        rounds = self.held.pop(item.nodeid, [])
+        # each round's figures as properties of the one test case: round 3 (new) total_tok_s
+        for label, reports in rounds:
+            call = next((r for r in reports if r.when == "call"), None)
+            kept = call.user_properties if call is not None else []
+            props += [(f"{label} {name}", value) for name, value in kept if name != "ab_round"]
+        # a round whose test failed (its measurement not valid) failed it; its words kept
+        failures = [
+            f"{label}: {r.longreprtext}"
+            for label, reports in rounds
+            for r in reports
+            if r.failed and r.longreprtext
+        ]
+        last = rounds[-1][1] if rounds else []
+        if not any(r.when == "call" for r in last):  # skipped, or never ran: made whole
+            last = []
         keywords: dict[str, Literal[1]] = dict.fromkeys(item.keywords, 1)
         progress, run.progress = run.progress, None  # no progress line for a verdict
         try:
             item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-            for when in ("setup", "call", "teardown"):
-                failed = fails and when == "call"
-                report = pytest.TestReport(
-                    item.nodeid,
-                    item.location,
-                    keywords,
-                    "failed" if failed else "passed",
-                    words if failed else None,
-                    when,  # type: ignore[arg-type]
-                    user_properties=props,
-                )
-                item.ihook.pytest_runtest_logreport(report=report)
+            if last and not fails:
+                for report in last:
+                    report.user_properties = props
+                    if report.when == "call" and failures and report.passed:
+                        report.outcome = "failed"
+                        report.longrepr = run.redact("\n".join(failures))
+                    item.ihook.pytest_runtest_logreport(report=report)
+            else:
+                failed_words = "\n".join([words, *failures]) if fails else "\n".join(failures)
+                for when in ("setup", "call", "teardown"):
+                    failed = bool(fails or failures) and when == "call"
+                    report = pytest.TestReport(
+                        item.nodeid,
+                        item.location,
+                        keywords,
+                        "failed" if failed else "passed",
+                        run.redact(failed_words) if failed else None,
+                        when,  # type: ignore[arg-type]
+                        user_properties=props,
+                    )
+                    item.ihook.pytest_runtest_logreport(report=report)
             item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         finally:
             run.progress = progress
@@ -362,9 +402,20 @@ class ABRun:
 
     def at_end(self) -> None:
         """The session's cells become the new version's latest records (the matrix, the page
-        and the figures show the new one); the ledger written."""
+        and the figures show the new one); the ledger written; a test whose cell got no
+        verdict (the A/B stopped first) reported as its last round left it."""
         self.run.store.cells = dict(self.latest["new"])
         self.write()
+        for nodeid, rounds in list(self.held.items()):
+            item = next((i for i in self._items.values() if i.nodeid == nodeid), None)
+            if item is None or not rounds:
+                continue
+            ihook = item.ihook
+            ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+            for report in rounds[-1][1]:
+                ihook.pytest_runtest_logreport(report=report)
+            ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        self.held.clear()
 
 
 def explain(old: CellRecord | None, new: CellRecord | None) -> str:
