@@ -41,7 +41,11 @@ def test_every_decode_cell_has_its_intervals_in_every_output(pytester):
         low, high = c["per_request_tok_s_ci"]
         assert low <= c["per_request_tok_s"] <= high, cid
         assert c["ci_method"].startswith("batch means (k=")
-        assert abs(c["little_residual"]) < 0.05, cid  # the client kept N in flight
+        # Chance: the client kept N in flight; a busy machine delays a stream's restart by tens
+        # of ms in a 128-token request's 0.26 s (the next test's note), a residual of −5 % and
+        # more: the bound is a quarter, load would have to add 87 ms to every turnaround of the
+        # window, and a client that did not restart its streams would read far below it
+        assert abs(c["little_residual"]) < 0.25, cid
         assert c.get("window_end") is None  # fixed windows: nothing to say
     # the terminal's all-measurements table shows the ± of total tok/s
     result.stdout.fnmatch_lines(["Sustained decode  1K * ±*"])
@@ -55,13 +59,13 @@ def test_every_decode_cell_has_its_intervals_in_every_output(pytester):
 
 
 def test_precision_ends_a_steady_window_early_and_says_what_it_reached(pytester):
-    # A busy machine makes the steady server less so: it delays a stream's restart (tens of ms
-    # in a 128-token request's 0.26 s) or stalls a process for 0.2 s now and then. With 512
-    # tokens a request and up to 30 s, each window still gets within ±2 % (7-19 s beside two
-    # busy loops; 6-10 s on a quiet machine)
+    # Chance: a busy machine makes the steady server less so: it delays a stream's restart
+    # (tens of ms in a 128-token request's 0.26 s) or stalls a process for 0.2 s now and then.
+    # With 512 tokens a request each window still gets within ±2 % in 7-19 s beside two busy
+    # loops (6-10 s on a quiet machine); the window may run 60 s, three times the longest seen
     result = run(
         pytester,
-        "--llm-duration=30",
+        "--llm-duration=60",
         "--llm-precision=2%",
         "--llm-min-duration=2",
         max_output=512,
@@ -69,7 +73,7 @@ def test_precision_ends_a_steady_window_early_and_says_what_it_reached(pytester)
     result.assert_outcomes(passed=3)
     for cid, c in cells(pytester).items():
         assert c["window_end"] == "precision", cid
-        assert 2 <= c["measured_s"] < 30, cid
+        assert 2 <= c["measured_s"] < 60, cid
         # the window's end is decided on the tokens received so far, and the cell's interval
         # is computed on those same tokens (tests/unit/test_early_end.py): within the goal
         assert c["precision"] <= 0.02, cid
@@ -78,7 +82,7 @@ def test_precision_ends_a_steady_window_early_and_says_what_it_reached(pytester)
         assert max(figure - low, high - figure) <= 0.02 * figure + 0.011, cid
     result.stdout.fnmatch_lines(
         [
-            "llmspeed: * · window 2–30 s, until ±2.0% · *",
+            "llmspeed: * · window 2–60 s, until ±2.0% · *",
             "  window ended early, precise enough (--llm-precision): decode[[]1K-c1[]] (±*% "
             "after * s), decode[[]1K-c4[]] (±*% after * s)",
         ]
@@ -86,7 +90,9 @@ def test_precision_ends_a_steady_window_early_and_says_what_it_reached(pytester)
 
 
 def test_a_window_that_cannot_reach_the_precision_says_so(pytester):
-    # 0.05 % in at most 2 s: not reachable on a noisy server; the window runs to its end
+    # 0.05 % in at most 2 s: not reachable on a noisy server; the window runs to its end.
+    # Chance: steps 20 % apart at random give a 2 s window an interval of about ±1 % (some
+    # 2,000 steps of about 1 ms at speed 4), twenty times the 0.05 % asked; load only widens it
     result = run(
         pytester,
         "--llm-duration=2",
@@ -152,6 +158,11 @@ def test_requests_that_fail_and_restart_late_are_a_note_once_with_their_cells(
         assert c["errors"] > 0
         # requests in flight on average: what the residual says, and well below N
         assert c["little_residual"] == pytest.approx(c["avg_active"] / n - 1, abs=2e-3)
+        # Chance: half the requests fail at once and each failure waits 50 ms / N (more after
+        # each in a row) before its stream restarts, against a success of about 35 ms (64
+        # tokens, about two a 1 ms step at speed 4): about 0.3 of 1 and 2.4 of 4 in flight.
+        # For 0.95 of N a success would have to take over 13 times as long, and load slows
+        # this simulator by a fifth at most (tests/plugin/test_slo_sim.py: −21 %)
         assert c["avg_active"] < 0.95 * n, cid
     notes = [ln for ln in result.stdout.lines if "requests in flight than asked" in ln]
     assert len(notes) == 1

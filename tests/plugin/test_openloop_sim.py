@@ -101,6 +101,10 @@ def test_a_trace_is_replayed_as_trace_name_with_its_blocks_shared(pytester):
     assert cell["open_requests"] == 3 and cell["open_completed"] == 3
     # 2 blocks of 512 shared by the second request: (2 × 512) / (1100 + 1100 + 300)
     assert cell["expected_hit_share"] == pytest.approx(1024 / 2500, abs=1e-4)
+    # Chance: the hit needs the first request's prefill (one step of about 2.4 ms at speed 4:
+    # (4 ms + 1,100 × 5 µs) / 4) done before the second reaches the server, 150 ms later by
+    # the schedule: only a stall of the client or the simulator of 150 ms, 60 times the step,
+    # at that moment would put both in one step
     assert cell["server"]["prefix_cache_hit_rate"] == pytest.approx(1024 / 2500)
     assert cell["offered_rate"] == pytest.approx(3 / 0.3)  # 600 ms at twice the speed
 
@@ -160,7 +164,11 @@ def test_a_rate_too_high_for_one_cell_is_one_line_before_the_server_starts(pytes
 def test_an_open_loop_cell_is_gated_and_compared_by_its_ttft_from_the_schedule(pytester):
     """An open-loop cell has no floor: its headline, the TTFT from the scheduled send, is the
     figure a saved baseline gates as written, and `compare` judges it by the same rule (a
-    server eight times slower regresses it in both: about 4 ms against 30)."""
+    server eight times slower regresses it in both: about 4 ms against 30).
+
+    Chance: load only slows a simulator, so the slower server's TTFT is 30 ms or more on any
+    machine; the baseline's would have to grow from about 4 ms to near 30 (over 20 ms added to
+    the median request of a 3 s window) for the change to fall inside the 5 % tolerance."""
     import re
     import subprocess
     import sys
@@ -202,7 +210,11 @@ def test_an_open_loop_cell_is_gated_and_compared_by_its_ttft_from_the_schedule(p
 
 def test_a_replayed_trace_is_re_measured_on_fresh_starts_and_gated(pytester):
     """A trace's cell names no context: its confirmation restarts the server without warming
-    a prefix (it stopped the run: "invalid literal for int() with base 10: 'day2'")."""
+    a prefix (it stopped the run: "invalid literal for int() with base 10: 'day2'").
+
+    Chance: as in the rate cell's test above, the slower server is eight times slower (speed
+    0.5 against 4), and load only slows a simulator: the baseline's TTFT from the schedule
+    would have to grow about eightfold for the slower one to pass its gate."""
     rows = [{"timestamp": 40 * i, "input_length": 1100, "output_length": 4,
              "hash_ids": [1, 2, 3 + i]} for i in range(20)]  # fmt: skip
     (pytester.path / "day2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -227,7 +239,13 @@ def test_the_capacity_as_a_rate_is_the_highest_rate_that_meets_the_objectives(
     """One running request at a time, a quarter of the simulator's speed: 1 request a second
     meets TTFT ≤ 1 s from the schedule; 32 a second queue for seconds and miss it. The
     capacity as a rate is 1/s, in the terminal, the results file, JUnit and the job summary
-    (the page's: tests/page/test_rate_page.py)."""
+    (the page's: tests/page/test_rate_page.py).
+
+    Chance: at 1/s a request's TTFT is its 1K prefill and front end, about 41 ms at speed 0.25
+    ((4 ms + 1,024 × 5 µs + 1.1 ms) / 0.25), and each request is done (16 tokens, about 0.2 s)
+    before the next arrives: 24 times under the 1 s bound. At 32/s requests served one at a
+    time in about 0.2 s queue by about 0.14 s each, so the median waits seconds; load only
+    makes that queue longer."""
     from xml.etree import ElementTree
 
     summary = pytester.path / "summary.md"
