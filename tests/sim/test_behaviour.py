@@ -97,7 +97,11 @@ async def test_admission_under_kv_pressure() -> None:
     assert value(m, "vllm:kv_cache_usage_perc") > 0.9
     ends = sorted(r.token_increments()[-1][0] for r in results)
     firsts = sorted(r.token_increments()[0][0] for r in results)
-    assert firsts[2] >= ends[0]  # the third started only once a slot's blocks were freed
+    # the third started only once a slot's blocks were freed: about when the first ended.
+    # Chance: these are the client's receive times, and two streams' chunks ready together are
+    # read in either order (the third's first 4 ms before the first's last, beside busy
+    # loops); a third admitted at once would start with the others, not half a request later
+    assert firsts[2] - firsts[0] > 0.5 * (ends[0] - firsts[0]), (firsts, ends)
     assert all(r.final_usage["completion_tokens"] == 1000 for r in results)
 
 
