@@ -41,7 +41,7 @@ def test_a_slower_new_version_regresses_with_why(results_doc, pytester):
     cases = list(ET.parse(pytester.path / "j.xml").iter("testcase"))
     assert len(cases) == 3, [c.get("name") for c in cases]
     decode = next(c for c in cases if c.get("name") == "test_decode[1K-c1]")
-    names = [p.get("name") for p in decode.iter("property")]
+    names = [p.get("name") or "" for p in decode.iter("property")]
     assert names.count("ab_verdict") == 1 and any(n.startswith("round 8 ") for n in names)
     doc = results_doc("out.json")["ab"]
     # each block old new new old or its mirror, as drawn from the recorded seed
