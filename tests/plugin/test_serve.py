@@ -87,6 +87,35 @@ def test_a_command_that_exits_at_once_is_one_message_with_its_log(pytester):
     assert "Traceback" not in result.stderr.str()
 
 
+TAKEN_ONCE = """
+import os, sys
+port = sys.argv[1]
+if not os.path.exists("tried"):  # the first start: another process bound the port first
+    open("tried", "w").close()
+    print("OSError: [Errno 98] Address already in use", flush=True)
+    raise SystemExit(1)
+os.execv(sys.executable, [sys.executable, "-m", "pytest_llmspeed.sim", "--port", port])
+"""
+
+
+def test_a_port_taken_before_the_server_bound_it_is_tried_again_on_another(results_doc, pytester):
+    """The free port --llm-serve chose was bound by another process before the server bound
+    it (vLLM binds tens of seconds after it starts, while other servers start on the machine):
+    the command runs again on a new free port, said in a note."""
+    script = pytester.makepyfile(taken_once=TAKEN_ONCE)
+    result = pytester.runpytest(
+        f"--llm-serve={sys.executable} {script} {{port}}", *MATRIX, "--llm-results=out.json"
+    )
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(
+        ["note: --llm-serve: port * was taken by another process before the server bound it; "
+         "started again on port *"]
+    )  # fmt: skip
+    run = results_doc("out.json")["run"]
+    moved = int(run["endpoint"].rsplit(":", 1)[1])
+    assert f"started again on port {moved}" in result.stdout.str()
+
+
 def test_a_server_that_never_answers_times_out_and_is_stopped(pytester):
     marker = 910004
     pytester.makepyfile(  # listens, and answers every request HTTP 501

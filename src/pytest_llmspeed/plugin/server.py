@@ -64,6 +64,11 @@ def _loopback(url: str | None) -> bool:
     return host in ("127.0.0.1", "localhost", "::1")
 
 
+#: starts of --llm-serve's command when its port was taken before it bound it (each on a new
+#: free port): the port is chosen free, then the server binds it tens of seconds later
+PORT_TRIES = 3
+
+
 class ServerUnderTest:
     """The server's lifecycle and what the probe found."""
 
@@ -108,9 +113,9 @@ class ServerUnderTest:
         from ..core.bench import Bench, BenchConfig
         from ..gate.slo import request_bounds
 
+        if self.settings.serve_plan is not None:
+            self._launch(restart)  # may move it to another port: the settings are read after
         s = self.settings
-        if s.serve_plan is not None:
-            self._launch(restart)
         endpoints = s.endpoints
         if s.is_sim:
             from ..sim import parse_sim_spec, running_simulator_processes  # only when asked for
@@ -284,7 +289,7 @@ class ServerUnderTest:
         """--llm-serve: start the server command and wait until it answers (LaunchError)."""
         from pathlib import Path
 
-        from ..core.launch import engine_python, launch, wait_healthy
+        from ..core.launch import LaunchError, engine_python, launch, plan, wait_healthy
         from ..core.machine import engine_packages
 
         s = self.settings
@@ -293,8 +298,26 @@ class ServerUnderTest:
             if s.serve_log
             else (Path(s.results).parent if s.results else Path()) / "llmspeed-serve.log"
         )
-        self.launched = launch(s.serve_plan, log, append=restart)
-        took = wait_healthy(self.launched, s.serve_timeout)
+        for attempt in range(1, PORT_TRIES + 1):
+            assert s.serve_plan is not None
+            self.launched = launch(s.serve_plan, log, append=restart or attempt > 1)
+            try:
+                took = wait_healthy(self.launched, s.serve_timeout)
+                break
+            except LaunchError:
+                taken = "Address already in use" in self.launched.tail(40)
+                if attempt == PORT_TRIES or not taken or s.serve is None or "{port}" not in s.serve:
+                    raise
+            # the free port chosen was taken by another process before the server bound it
+            # (other servers start on this machine too): a fresh port, the command again
+            was = s.serve_plan.port
+            s = self.settings = dataclasses.replace(
+                s, serve_plan=(new := plan(s.serve)), endpoint=new.url
+            )
+            self.notes.append(
+                f"--llm-serve: port {was} was taken by another process before the server bound "
+                f"it; started again on port {new.port}"
+            )
         self.notes.append(
             f"server started by --llm-serve, answering after {took:.0f} s; its log: {log}"
         )
