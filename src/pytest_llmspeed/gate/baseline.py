@@ -630,17 +630,18 @@ def outlying_runs(baseline: Baseline) -> list[str]:
             dof += len(others) - 1
             found.append((cid, metric, fr, logs[r] - mean))
         s2 = max(ss / dof, OUTLIER_FLOOR**2)
+        q = t_quantile(OUTLIER_LEVEL, dof)
         scored = []
         for cid, metric, fr, d in found:
             w = within_se(fr.values[r], fr.intervals[r])
             scored.append((abs(d) / math.sqrt(s2 * (1 + 1 / (k - 1)) + w * w), cid, metric, fr, d))
         scored.sort(key=lambda z: z[0])
         median = scored[len(scored) // 2][0]
-        if median <= t_quantile(OUTLIER_LEVEL, dof):
+        if median <= q:
             continue
         _, cid, metric, fr, d = scored[-1]
         others = [v for i, v in enumerate(fr.values) if i != r]
-        beyond = sum(1 for z in scored if z[0] > t_quantile(OUTLIER_LEVEL, dof))
+        beyond = sum(1 for z in scored if z[0] > q)
         label = figures.by_key(metric).label
         change = f"{math.expm1(d):+.1%}".replace("-", "−")
         out.append(

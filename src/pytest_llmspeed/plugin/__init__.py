@@ -154,29 +154,17 @@ def _collected(session: pytest.Session) -> bool:
     return not session.config.option.collectonly
 
 
-def _run_items(session: pytest.Session, items: list[pytest.Item]) -> None:
+def _run_items(session: pytest.Session, items: list[pytest.Item], ab: ABRun | None = None) -> None:
     """Run ``items`` as pytest's own loop does (once more in a run or a round: each test's
-    properties are the last measurement's)."""
-    for i, item in enumerate(items):
-        item.user_properties.clear()
-        nextitem = items[i + 1] if i + 1 < len(items) else None
-        item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
-        if session.shouldfail:
-            raise session.Failed(session.shouldfail)
-        if session.shouldstop:
-            raise session.Interrupted(session.shouldstop)
-
-
-def _run_rounds_items(session: pytest.Session, items: list[pytest.Item], ab: ABRun) -> None:
-    """One round of the A/B: each test run as pytest's own protocol runs it, but the reports
-    of a cell's test held (:meth:`ABRun.hold`): it is reported once, with its cell's verdict
-    and every round it ran in (pytest's counts and JUnit hold one case per test)."""
+    properties are the last measurement's). In an A/B round (``ab``) a cell's test keeps its
+    reports (:meth:`ABRun.hold`): it is reported once, with its cell's verdict and every round
+    it ran in, so pytest's counts and JUnit hold one case per test."""
     from _pytest.runner import runtestprotocol
 
     for i, item in enumerate(items):
         item.user_properties.clear()
         nextitem = items[i + 1] if i + 1 < len(items) else None
-        if ab.holds(item):  # as pending.run_protocol: its progress lines, its reports held
+        if ab is not None and ab.holds(item):  # as pending.run_protocol: progress lines kept
             ihook = item.ihook
             ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
             ab.hold(item, runtestprotocol(item, nextitem=nextitem, log=False))
@@ -216,9 +204,7 @@ def _ab_loop(session: pytest.Session, run: LLMSpeedRun) -> bool:
                         f"the {arm} version ({flag}) failed: {why}"
                     )
                 ) from None
-            _run_rounds_items(
-                session, [item for item in session.items if ab.runs_item(item, index)], ab
-            )
+            _run_items(session, [item for item in session.items if ab.runs_item(item, index)], ab)
             ab.end_round()
             index += 1
         ab.conclude()
