@@ -41,10 +41,18 @@ SETTINGS = (
     "--llm-contexts=1K",
     "--llm-max-output=64",
 )
+#: the CPU-bound parts of a run that no timeout bounds: the interpreter's and the plugin's
+#: imports, a --llm-serve server's start, the outputs written at the end
+STARTS_S = 20
 #: what a run may take: the probe's reads (each bounded by the timeout), then per cell its
 #: window and the waits around it (the wait for an idle server, the first tokens: each bounded
-#: by the timeout), plus the issue's 10 s
-RUN_BOUND_S = 4 * TIMEOUT_S + CELLS * (DURATION_S + 2 * TIMEOUT_S) + 10
+#: by the timeout), plus the issue's 10 s, plus the starts.
+#: Chance: a run that hangs never ends, so the bound only has to stand above a correct run's
+#: time under load. Quiet, the longest case (health_trickle) takes 20 s, 17 s of it the
+#: timeouts' own waits, which load does not stretch; its CPU-bound part, about 3 s, would have
+#: to grow 14-fold (two busy loops and three other runs on two cores give each run at least a
+#: sixth of a core: 6-fold at worst) to pass 63 s
+RUN_BOUND_S = 4 * TIMEOUT_S + CELLS * (DURATION_S + 2 * TIMEOUT_S) + 10 + STARTS_S
 #: the plugin's peak memory (issue 29), whatever a server sends
 PEAK_RSS_MB = 200
 #: runs at a time (most of them wait, not compute)

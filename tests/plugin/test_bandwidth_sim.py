@@ -59,7 +59,12 @@ def test_the_servers_counter_equals_the_profiles_arithmetic(pytester):
             c["read_gb_s"] * 1e9 / (PEAK * SPEED), rel=1e-3
         )
     shares = {c["id"]: c["bandwidth_share"] for c in cells}
-    # more running contexts read more KV per step: nearer the bound
+    # more running contexts read more KV per step: nearer the bound.
+    # Chance: the shares follow the profile's step model (measured 0.236, 0.316, 0.631: ratios
+    # 1.34 and 2.0); the simulator's step loop keeps its schedule under load (a late step
+    # starts at its deadline, and the loop re-bases only after falling behind by more than
+    # its lag bound), so an inversion needs one cell's steps a second 25 % below the model's
+    # over its whole window while the others keep theirs
     assert shares["decode[128K-c8]"] > shares["decode[128K-c1]"] > shares["decode[8K-c1]"]
 
 

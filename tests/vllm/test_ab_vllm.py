@@ -2,8 +2,8 @@
 the plain command is the old version, the same command with ``--max-num-seqs 2`` the new one
 (at most 2 requests run at once). Decode at c8 regresses (or, when the starts are too noisy
 to tell, is unknown, which fails at --llm-unknown=fail), a regression's explanation from both
-versions' server figures names the running requests, and c4 (also capped to 2 running) is never
-called same. The API key is never in any output.
+versions' server figures names the running requests, and c4 is capped to 2 running too (its
+change, a few per cent on this CPU build, may be any verdict). The API key is never in any output.
 
 It takes about 11 minutes on 2 shared cores and cannot take much less: 8 starts are the
 fewest an A/B runs (two ABBA blocks), and a start of vLLM to healthy takes 45–100 s here.
@@ -98,7 +98,11 @@ def test_a_cap_on_running_requests_regresses_c8_with_why(results_doc, pytester):
         running = re.search(r"running ([\d.]+) → ([\d.]+)", why or "")
         assert running, why
         assert float(running[1]) > 3 and float(running[2]) <= 2.05, why
-    assert c4["verdict"] != "same", c4
+    # c4 under the same cap: measured −4.0 % (−39.6 % … +52.4 %), a change that may be inside
+    # the tolerance, so any verdict may be right; what is certain is the cap, in the new
+    # version's own figures, and that every start measured it
+    assert c4["starts"] == 8 and c4["blocks"] == blocks_kept(c4), c4
+    assert full["by_id"]["decode[1K-c4]"]["server"]["running_max"] <= 2, full["by_id"]
     result.stdout.fnmatch_lines(
         [f"FAILED *test_decode[[]1K-c8[]] - decode[[]1K-c8[]] A/B {c8['verdict']}*"]
     )

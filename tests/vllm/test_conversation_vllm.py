@@ -55,5 +55,10 @@ def test_a_conversations_hit_rate_is_vllms_own_counters_of_its_history(pytester)
     prompts_only = cell["turn_expected_hit_share"]
     assert all(h >= p for h, p in zip(hits, prompts_only, strict=True))
     assert any(h > p for h, p in zip(hits, prompts_only, strict=True))  # the answers hit too
-    # the turns that hit take in their new part only: faster than turn 1's whole prompt
-    assert cell["conv_ttft_ms"] < cell["turn_ttft_ms"][0]
+    # the turns that hit take in their new part only: faster than turn 1's whole prompt.
+    # Chance: turn 1 prefills 1,024 tokens, a later turn 112 (measured 279 ms against 37-52);
+    # the median of the three later turns is above turn 1 only if two of them (each a mean of
+    # two requests) were each stalled by more than the whole of turn 1's prefill, which load
+    # stretches alike
+    later = sorted(cell["turn_ttft_ms"][1:])
+    assert later[1] < cell["turn_ttft_ms"][0], cell["turn_ttft_ms"]

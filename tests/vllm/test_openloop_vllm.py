@@ -46,10 +46,14 @@ def test_a_rate_cells_queueing_agrees_with_vllms_queue_time_histogram(pytester):
     engine = (server["queue_time_mean_s"] + server["prefill_time_mean_s"]) * 1000
     # the server's record is part of what the client saw, and most of it when requests queue
     assert engine <= client * 1.05 + 5, (engine, client)
-    # most of it, but not all: requests wait in vLLM's API server too (tokenizing, streaming
-    # the others) before the engine's queue counts them; on a busy CI machine with 46 in
-    # flight the engine's queue and prefill were 1,412 ms of the client's 2,684 ms
-    assert engine >= client * 0.4, (engine, client)
+    # a large part of it, but not all: requests wait in vLLM's API server too (tokenizing,
+    # streaming the others) before the engine's queue counts them.
+    # Chance: the engine's share was 0.99 quiet and 0.53 on a busy CI machine with 46 in
+    # flight (1,412 ms of the client's 2,684 ms). Load slows the engine's one running request
+    # as much as the API server's work, and the queue behind it grows with every slower
+    # request, so the share falls with load far more slowly than load grows: a quarter would
+    # need the API server's wait three times the busy machine's, with the engine's unchanged
+    assert engine >= client * 0.25, (engine, client)
     assert high["server_queue_ms"] == pytest.approx(server["queue_time_mean_s"] * 1000, abs=0.01)
     # one request at a time, twenty a second: the queue grows over the cell
     queued = (low["server_queue_ms"], high["server_queue_ms"])
