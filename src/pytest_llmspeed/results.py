@@ -457,9 +457,18 @@ class Check:
         runs = f" of {self.reference_runs} runs" if self.reference_runs > 1 else ""
         return f"baseline{runs} {self.reference:,.1f}{pm}"
 
+    def _spread_words(self) -> str:
+        """The spread a line judged by: the baseline's, or (re-measured on fresh starts) the
+        baseline's pooled with this cell's starts, which the summary's spread line (the
+        baseline's alone) does not show."""
+        words = f"between-run spread {self.spread or 0.0:.1%}"
+        if self.fresh_starts and len(self.values) > 1:
+            words += f", the baseline's runs pooled with this cell's {len(self.values)} starts"
+        return words
+
     def _beyond(self) -> str:
         if self.spread_known:
-            return f", beyond the noise (between-run spread {self.spread or 0.0:.1%})"
+            return f", beyond the noise ({self._spread_words()})"
         return ", beyond both intervals" if self.uses_intervals else ""
 
     def message(self) -> str:
@@ -496,7 +505,7 @@ class Check:
         confirm = "more confirmations on fresh starts (a higher --llm-confirm)"
         if self.spread_known:
             noise = (
-                f"within the noise between runs (spread {self.spread or 0.0:.1%}): too noisy to "
+                f"within the noise between runs ({self._spread_words()}): too noisy to "
                 f"tell (more runs in the baseline, or {confirm}, narrow it)"
             )
         elif self.cell.startswith("prefill["):

@@ -3,12 +3,14 @@ plugin in ABBA rounds, or two servers it does not start; each cell's verdict as 
 its test, in the terminal, JUnit and the results file."""
 
 import json
+import re
 import sys
 import xml.etree.ElementTree as ET
 
 import pytest
 
 from pytest_llmspeed.gate.ab import BLOCK, MIRROR, block_order
+from pytest_llmspeed.report.ab import arm_means
 from tests.ab_blocks import blocks_kept
 
 pytestmark = pytest.mark.slow  # every test here runs rounds of cells on the simulator
@@ -81,16 +83,27 @@ def test_a_slower_new_version_regresses_with_why(results_doc, pytester):
         if p.get("name") == "ab_verdict"
     ]
     assert verdicts.count("regressed") == regressed
-    # the matrix and the cells are the new version's: its latest round's records (whichever
-    # version ran first, as the seed drew the block's order)
+    # one number for one figure: the matrix, the results file's cells and the A/B's table
+    # show the new version's geometric mean over its rounds (what the judge compares, in
+    # logs), and the why line heads with the verdict's change
     cells = {c["id"]: c for c in results_doc("out.json")["cells"]}
-    # (a cell decided after two blocks is not in a third block's rounds: the prefill may take
-    # one, so the latest new round that measured the cell)
-    last_new = [r for r in doc["rounds"] if r["arm"] == "new" and "decode[1K-c1]" in r["cells"]]
-    assert (
-        cells["decode[1K-c1]"]["total_tok_s"]
-        == last_new[-1]["cells"]["decode[1K-c1]"]["total_tok_s"]
-    )
+    for cell, column in (("decode[1K-c1]", 1), ("decode[1K-c4]", 2)):
+        new = arm_means(doc, cell, "total_tok_s")["new"]
+        assert new is not None
+        assert cells[cell]["total_tok_s"] == pytest.approx(new, rel=1e-9)
+        shown = f"{new:,.1f}"
+        (row,) = [line for line in result.stdout.lines if line.startswith(f"{cell}  ")]
+        assert row.split()[6] == shown, row  # the A/B table's "New"
+        # the decode matrix's row of 1K (the last of the two tables): "1K  2,401.2 · 2 ms ..."
+        matrix = [line for line in result.stdout.lines if line.startswith("1K    ")]
+        assert matrix[-1].split()[1 + (column - 1) * 4] == shown, matrix
+        change = doc["cells"][cell]["figures"]["total_tok_s"]["change"]
+        why = doc["cells"][cell]["explanation"]
+        head = re.match(rf"{re.escape(cell)} ([−+])([\d.]+)%: ", why)
+        assert head, why
+        shown_change = float(head[2]) * (-1 if head[1] == "−" else 1)
+        # (the file keeps the change to 6 decimals: the line's may round the other way)
+        assert abs(shown_change - change * 100) <= 0.05 + 1e-3, (why, change)
 
 
 def test_the_same_version_is_not_a_regression(results_doc, pytester):

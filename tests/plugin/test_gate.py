@@ -75,7 +75,10 @@ def test_same_server_passes_the_gate(pytester):
     )
     result.assert_outcomes(passed=2, deselected=1)
     result.stdout.fnmatch_lines(
-        ["Baseline *base.toml: 0 regression(s), *", "  between-run spread from 3 runs*"]
+        [
+            "Baseline *base.toml: 0 regression(s), *",
+            "  between-run spread of the baseline's 3 runs*",
+        ]
     )
 
 

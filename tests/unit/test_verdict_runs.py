@@ -20,6 +20,7 @@ from pytest_llmspeed.gate.verdict import (
     account,
     change_of,
     gated,
+    mean_figures,
     variance,
     verdict,
     wants_another,
@@ -172,7 +173,7 @@ def test_a_one_run_baseline_says_its_spread_is_unknown():
     )
     several = Baseline(Path("b.toml"), {"runs": 3}, 0.05, {ID: THREE}, {"total_tok_s": SPREAD})
     assert account(several, [], set()).spread_line() == (
-        "between-run spread from 3 runs: total tok/s 3.0% (4 d.f.)"
+        "between-run spread of the baseline's 3 runs: total tok/s 3.0% (4 d.f.)"
     )
 
 
@@ -185,7 +186,8 @@ def test_messages_name_the_runs_and_the_spread():
     (noisy,) = verdict(THREE, [cell(total=90.0)]).checks
     assert noisy.unknown_message() == (
         "decode[8K-c4] total tok/s 90.0 ±5.9% is past its limit 95.0 (−10.0% against baseline "
-        "of 3 runs 100.0 ±3.4%), but within the noise between runs (spread 3.0%): too noisy to "
+        "of 3 runs 100.0 ±3.4%), but within the noise between runs (between-run spread 3.0%): too "
+        "noisy to "
         "tell (more runs in the baseline, or more confirmations on fresh starts (a higher "
         f"--llm-confirm), narrow it); about "
         f"{noisy.more} more measurement(s) would decide it (--llm-confirm={noisy.more})"
@@ -275,3 +277,32 @@ def test_baseline_of_runs_pools_as_a_file_would(tmp_path):
         '[cells."decode[8K-c8]"]\ntotal_tok_s = 200.0\ntotal_tok_s_runs = [194.0, 200.0, 206.0]\n'
     )
     assert load(path).spread["total_tok_s"] == base.spread["total_tok_s"]
+
+
+def test_a_cell_measured_several_times_shows_the_mean_its_verdict_judged():
+    """One number for one figure: the record of a cell re-measured is the mean of its
+    attempts, with the interval of that mean, in every output that reads the record; each
+    attempt stays listed, and the verdict line names the spread it judged by."""
+    runs = [(90.0, (88.0, 92.0), 40.0), (88.0, (87.0, 89.0), 44.0), (86.0, None, 39.0)]
+    attempts = [dataclasses.replace(cell(total=v, ttft=t), total_tok_s_ci=ci) for v, ci, t in runs]
+    result = verdict(THREE, attempts, fresh_starts=True)
+    (check,) = result.checks
+    record = gated(attempts[0], result, attempts)
+    assert record.total_tok_s == pytest.approx(check.value) == pytest.approx(88.0)
+    assert record.ttft_ms == pytest.approx(41.0)  # not judged here, but a mean figure too
+    assert record.total_tok_s_ci is None  # an attempt had no interval: none for the mean
+    assert [a["total_tok_s"] for a in record.attempts] == [90.0, 88.0, 86.0]
+    assert f"{record.total_tok_s:,.1f}" in check.message()
+    assert "pooled with this cell's 3 starts" in check.message()
+    # both intervals known: each side's half-widths in quadrature over their number
+    two = attempts[:2]
+    record = gated(two[0], verdict(THREE, two, fresh_starts=True), two)
+    assert record.total_tok_s_ci is not None
+    low, high = record.total_tok_s_ci
+    assert record.total_tok_s == pytest.approx(89.0)
+    assert 89.0 - low == pytest.approx(math.sqrt(2**2 + 1**2) / 2)
+    assert high - 89.0 == pytest.approx(math.sqrt(2**2 + 1**2) / 2)
+    # an A/B's version: the geometric mean (the judge works in logs)
+    assert mean_figures(two, geometric=True)["total_tok_s"] == pytest.approx(math.sqrt(90 * 88))
+    # one attempt: the record as measured
+    assert gated(attempts[0], verdict(THREE, attempts[:1]), attempts[:1]).total_tok_s == 90.0

@@ -279,23 +279,63 @@ def confirm(
 
 def gated(record: CellRecord, result: GateVerdict, attempts: Sequence[CellRecord]) -> CellRecord:
     """The cell's record carrying its verdict: failed on a regression (the reason lists the
-    regressed figures), and the attempts' figures when it was measured more than once."""
+    regressed figures). Measured more than once, its figures are the attempts' (each listed
+    under ``attempts``) and its gateable figures the means the verdict judged
+    (:func:`mean_figures`): one number for one figure in every output."""
     changes: dict[str, object] = {"gate": result}
     if len(attempts) > 1:
         metrics = [c.metric for c in result.checks]
-        cis = [figures.by_key(m).ci_key for m in metrics if figures.by_key(m).ci]
-        keys = (*metrics, "ttft_ms", "stability_cv")
+        keys = tuple(dict.fromkeys((*metrics, *MEANT, "stability_cv")))
+        cis = [f.ci_key for k in keys if (f := figures.by_key(k)).ci]
         changes["attempts"] = tuple(
             {k: getattr(a, k, None) for k in keys}
             | {k: list(ci) for k in cis if (ci := getattr(a, k, None)) is not None}
             for a in attempts
         )
+        changes |= mean_figures(attempts)
     if result.outcome is Outcome.REGRESSION:
         changes["status"] = Status.FAILED
         changes["reason"] = "; ".join(c.message() for c in result.regressions) + (
             f"; why: {result.why}" if result.why else ""
         )
     return dataclasses.replace(record, **changes)  # type: ignore[arg-type]
+
+
+#: the figures a cell measured more than once shows as the mean of its attempts: the gateable
+#: ones (each a mean over its window or its cold requests), which a verdict judges that way
+MEANT = tuple(f.key for f in figures.FIGURES if f.gate is not None)
+
+
+def mean_figures(attempts: Sequence[CellRecord], geometric: bool = False) -> dict[str, object]:
+    """Each of :data:`MEANT` as the mean over the attempts that measured it: arithmetic, what
+    :func:`change_of` judges; ``geometric``, what an A/B judges (in logs) and its table shows
+    for each version. With the interval of that mean from theirs (independent attempts: each
+    side's half-widths in quadrature over their number; none when an attempt had none)."""
+    out: dict[str, object] = {}
+    for key in MEANT:
+        measured = [a for a in attempts if isinstance(getattr(a, key, None), int | float)]
+        if geometric:
+            measured = [a for a in measured if getattr(a, key) > 0]
+        if not measured:
+            continue
+        values = [float(getattr(a, key)) for a in measured]
+        if geometric:
+            mean = math.exp(sum(map(math.log, values)) / len(values))
+        else:
+            mean = sum(values) / len(values)
+        out[key] = mean
+        f = figures.by_key(key)
+        if not f.ci:
+            continue
+        found = [getattr(a, f.ci_key, None) for a in measured]
+        cis = [ci for ci in found if ci is not None]
+        if len(cis) < len(found):
+            out[f.ci_key] = None
+            continue
+        low = math.sqrt(sum((v - ci[0]) ** 2 for v, ci in zip(values, cis, strict=True)))
+        high = math.sqrt(sum((ci[1] - v) ** 2 for v, ci in zip(values, cis, strict=True)))
+        out[f.ci_key] = (mean - low / len(values), mean + high / len(values))
+    return out
 
 
 @dataclass(frozen=True)
@@ -366,7 +406,7 @@ class Accounting:
             for m, s in self.spread
             if s.sigma is not None
         )
-        return f"between-run spread from {self.runs} runs: {shown}"
+        return f"between-run spread of the baseline's {self.runs} runs: {shown}"
 
 
 def counted(cells: Iterable[CellRecord]) -> str:

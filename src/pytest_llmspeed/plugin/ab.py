@@ -26,6 +26,7 @@ import pytest
 
 if TYPE_CHECKING:
     from ..gate.ab import CellVerdict
+    from ..gate.judge import Judgement
     from ..results import CellRecord
     from .session import LLMSpeedRun
     from .settings import Settings
@@ -349,7 +350,11 @@ class ABRun:
 
         if got.verdict not in (Verdict.REGRESSED, Verdict.IMPROVED):
             return got
-        line = explain(self._median(got.cell, "old"), self._median(got.cell, "new"))
+        line = explain(
+            self._median(got.cell, "old"),
+            self._median(got.cell, "new"),
+            got.figures.get("total_tok_s"),
+        )
         return dataclasses.replace(got, explanation=line) if line else got
 
     def _median(self, cell: str, arm: str) -> CellRecord | None:
@@ -404,7 +409,14 @@ class ABRun:
         """The session's cells become the new version's latest records (the matrix, the page
         and the figures show the new one); the ledger written; a test whose cell got no
         verdict (the A/B stopped first) reported as its last round left it."""
-        self.run.store.cells = dict(self.latest["new"])
+        from ..gate.verdict import mean_figures
+
+        cells = dict(self.latest["new"])
+        for cell, records in self.history["new"].items():
+            if cell in cells and len(records) > 1:  # what the A/B's table shows as "new"
+                means = mean_figures(records, geometric=True)
+                cells[cell] = dataclasses.replace(cells[cell], **means)  # type: ignore[arg-type]
+        self.run.store.cells = cells
         self.write()
         for nodeid, rounds in list(self.held.items()):
             item = next((i for i in self._items.values() if i.nodeid == nodeid), None)
@@ -418,13 +430,19 @@ class ABRun:
         self.held.clear()
 
 
-def explain(old: CellRecord | None, new: CellRecord | None) -> str:
+def explain(old: CellRecord | None, new: CellRecord | None, judged: Judgement | None = None) -> str:
     """Why a cell changed from ``old`` to ``new``, in one line, from their server figures (as
-    ``compare`` explains it); "" when either has none."""
+    ``compare`` explains it); "" when either has none. ``judged``: the A/B's judgement of the
+    decode cell's total tok/s, whose change heads the line (the verdict's number, not the
+    two records' ratio)."""
     from ..report.compare import decomposition
 
     found = None if old is None or new is None else decomposition(old, new)
-    return found.line() if found is not None else ""
+    if found is None:
+        return ""
+    if judged is not None and found.kind == "decode":
+        found = dataclasses.replace(found, change=judged.change.relative)
+    return found.line()
 
 
 __all__ = ["VERDICT_PROPERTY", "ABRun", "explain", "old_settings"]
