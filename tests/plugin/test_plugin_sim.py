@@ -250,7 +250,7 @@ def test_progress_lines_when_each_cell_starts_and_ends(pytester):
             "[[]1/6[]] prefill[[]1K[]] · cold prefill · elapsed 0:0* · about * left",
             "[[]1/6[]] prefill[[]1K[]]: * prompt tok/s · TTFT * ms",
             "[[]3/6[]] decode[[]1K-c1[]] · window 1 s · elapsed 0:0* · about * left",
-            "[[]3/6[]] decode[[]1K-c1[]]: * tok/s · * tok/s per request · TTFT * ms (* s)",
+            "[[]3/6[]] decode[[]1K-c1[]]: * tok/s · * tok/s per request · TTFT * ms (took * s)",
             "[[]6/6[]] decode[[]4K-c4[]] Over capacity: 4 × (4K + 128) = *",
         ]
     )
@@ -333,7 +333,7 @@ def test_a_test_of_yours_that_fails_on_a_valid_cell_says_so_on_its_end_line(pyte
     at = next(i for i, ln in enumerate(lines) if ln.startswith("[1/1] decode[1K-c1] · window"))
     # pytest's F is not in the log: the end line says the test failed, the cell was valid
     assert re.fullmatch(
-        r"\[1/1\] decode\[1K-c1\]: [\d,.]+ tok/s · .* \(\d+ s\) · test FAILED \[100%\]",
+        r"\[1/1\] decode\[1K-c1\]: [\d,.]+ tok/s · .* \(took \d+ s\) · test FAILED \[100%\]",
         lines[at + 1],
     ), lines[at + 1]
     assert lines[at + 2].startswith("=") and "FAILURES" in lines[at + 2]

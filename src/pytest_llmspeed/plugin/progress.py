@@ -201,6 +201,10 @@ class Progress:
 
         took = time.monotonic() - self._cell_started
         self.warmed.add(cid.label)
+        # what the cell took, its waits and re-measurements included (not its window)
+        spent = f" (took {took:.0f} s)"
+        if record is not None and len(record.attempts) > 1:
+            spent = f" (took {took:.0f} s, {len(record.attempts)} attempts)"
         head = self.name(cid, warmup)
         if record is None:
             return f"{head} not run"
@@ -221,7 +225,7 @@ class Progress:
             return (
                 f"{head}{status}: {record.open_completed}/{record.open_requests} requests · "
                 + (f"TTFT {sched:,.0f} ms from the schedule · " if sched is not None else "")
-                + f"{record.achieved_rate or 0:,.2f} req/s done ({took:.0f} s)"
+                + f"{record.achieved_rate or 0:,.2f} req/s done{spent}"
             )
         if record.phase is Phase.CONVERSATION:
             later, hit = record.conv_ttft_ms, record.conv_hit_rate
@@ -231,7 +235,7 @@ class Progress:
                 + (f" · TTFT {later:,.0f} ms after the first" if later is not None else "")
                 + (f" · prefix cache {hit:.0%}" if hit is not None else "")
                 + (f" (should hit {share:.0%})" if share is not None else "")
-                + f" ({took:.0f} s)"
+                + spent
             )
         if record.phase is Phase.PREFILL:
             return (
@@ -244,7 +248,7 @@ class Progress:
             else ""
         )
         ttft = f" · TTFT {record.ttft_ms:,.0f} ms" if record.ttft_ms is not None else ""
-        return f"{head}{status}: {record.total_tok_s:,.1f} tok/s{per}{ttft} ({took:.0f} s)"
+        return f"{head}{status}: {record.total_tok_s:,.1f} tok/s{per}{ttft}{spent}"
 
 
 #: the live line's width is left at least this many columns, or it is not drawn
