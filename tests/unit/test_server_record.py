@@ -1,6 +1,6 @@
 """A cell's server figures in the results model: written under "server", read back equal,
 valid against the schema, flattened into JUnit properties; files written before them keep
-working and are written back without them (docs/design.md, "Next: the server's figures")."""
+working and are written back without them (docs/design.md, "The server's figures in every cell")."""
 
 import dataclasses
 import json
