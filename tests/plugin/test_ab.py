@@ -110,10 +110,19 @@ def test_the_same_version_is_not_a_regression(results_doc, pytester):
     # Chance: at 30 %, two identical versions in ABBA order, each start's speed moved by 2 %,
     # regress only if a cell's whole interval lies below −30 %, fifteen times the starts' noise
     # (whether 5 % tells them apart is benchmarks/results/ab_vs_stored.md's)
-    result = pytester.runpytest(*ab(), *ARGS, "--llm-concurrency=1", "--llm-tolerance=30%")
+    # (both versions as simulator specs: the plugin starts each as it starts a command)
+    result = pytester.runpytest(
+        "--llm-serve=sim:tiny?speed=10&start_noise=0.02",
+        "--llm-serve-baseline=sim:tiny?speed=10",
+        *ARGS,
+        "--llm-concurrency=1",
+        "--llm-tolerance=30%",
+    )
     assert result.ret == 0, result.stdout.str()
     doc = results_doc("out.json")["ab"]
     assert doc["counts"]["regressed"] == 0
+    assert " -m pytest_llmspeed.sim --profile tiny " in doc["arms"]["old"]["command"]
+    assert "--start-noise 0.02" in doc["arms"]["new"]["command"]
     assert doc["cells"]["decode[1K-c1]"]["verdict"] in ("same", "unknown")
 
 
@@ -184,6 +193,8 @@ def test_two_servers_the_plugin_does_not_start(results_doc, pytester):
         ((*ab(), "--llm-budget=soon"), "900, 90s, 10m, 1h"),
         ((*ab(), "--llm-ab-seed=-1"), "whole number"),
         ((*ab(), "--llm-ab-prior=none.json"), "none.json: no such file"),
+        (("--llm-serve=sim:tiny?speed=fast", "--llm-serve-baseline=sim:tiny"), "speed"),
+        (("--llm-serve=sim:tiny", "--llm-serve-baseline=sim:tiny?replicas=2"), "one server"),
         (
             ("--llm-endpoint=http://127.0.0.1:9", "--llm-endpoint-baseline=http://127.0.0.1:9/v1"),
             "the same server as --llm-endpoint",

@@ -238,7 +238,8 @@ OPTIONS: tuple[Option, ...] = (
         "serve",
         "start the server under test with this command ({port}: a free loopback port, else "
         "the command's --port), wait until it answers, stop it at the end; the endpoint is "
-        "derived from it",
+        "derived from it. A simulator spec (`sim:tiny?slower=decode:0.1`) stands for the "
+        "simulator's command",
     ),
     Option(
         "serve-timeout",
@@ -624,6 +625,15 @@ def load(config: pytest.Config) -> Settings:
             values[key] = _convert(key, value)
         except (ValueError, MatrixError) as exc:
             raise _bad(source, value, str(exc)) from None
+    for key in ("serve", "serve_baseline"):  # a simulator spec: the command that starts it
+        given = values.get(key)
+        if isinstance(given, str) and (given == "sim" or given.startswith("sim:")):
+            from ..sim import serve_command
+
+            try:
+                values[key] = serve_command(given)
+            except ValueError as exc:
+                raise _refused(config, key.replace("_", "-"), str(exc)) from None
     notes: list[str] = []
     _endpoints(config, values, notes)
     if values["serve"] is not None:

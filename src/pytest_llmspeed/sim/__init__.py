@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import sys
 import threading
 import time
@@ -345,6 +346,26 @@ def cli_args(options: SimOptions) -> list[str]:
         if value is not None:
             args += [flag, str(value)]
     return args
+
+
+def serve_command(spec: str) -> str:
+    """The command line that starts the simulator of ``spec`` (``sim:PROFILE?options``) on the
+    port ``{port}`` names, for ``--llm-serve`` and ``--llm-serve-baseline``: an A/B of two
+    simulated versions (``sim:tiny`` against ``sim:tiny?slower=decode:0.1``) started, stopped
+    and restarted by the plugin as it does a real server. ValueError for a bad spec, or one of
+    several replicas (one command starts one server)."""
+    import shlex
+
+    options = parse_sim_spec(spec)
+    if options.replicas > 1:
+        raise ValueError(
+            f"{spec!r}: one command starts one server; replicas are for --llm-endpoint"
+        )
+    args = cli_args(dataclasses.replace(options, host="127.0.0.1", port=0))
+    at = args.index("--port")
+    quoted = [shlex.quote(a) for a in args]
+    quoted[at + 1] = "{port}"
+    return " ".join([shlex.quote(sys.executable), "-m", "pytest_llmspeed.sim", *quoted])
 
 
 @contextmanager
