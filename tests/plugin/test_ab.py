@@ -128,11 +128,25 @@ def test_the_same_version_is_not_a_regression(results_doc, pytester):
 
 def test_an_unknown_fails_only_when_asked(results_doc, pytester):
     """At ±0.5 % nothing can be shown the same: each unknown says what would decide it, and
-    under --llm-unknown=fail fails its test."""
+    under --llm-unknown=fail fails its test. A budget, not a round cap, decides when it stops
+    (1 s past the first two blocks: spent at once)."""
     result = pytester.runpytest(
-        *ab(), *ARGS, "--llm-concurrency=1", "--llm-tolerance=0.5%", "--llm-unknown=fail"
+        *ab(),
+        *ARGS,
+        "--llm-concurrency=1",
+        "--llm-tolerance=0.5%",
+        "--llm-unknown=fail",
+        "--llm-budget=1s",
     )
     doc = results_doc("out.json")["ab"]
+    result.stdout.fnmatch_lines(["llmspeed A/B: 8–400 rounds in blocks of *budget 1 s past*"])
+    assert doc["most_rounds"] == 400
+    if doc["counts"]["unknown"]:  # a cell left to decide: the budget stopped it, not a cap
+        assert doc["stopped"] in (
+            "--llm-budget (1 s) spent",
+            "after 8 rounds: the unknown cells need more blocks than the budget allows, or "
+            "none would decide them",
+        ), doc["stopped"]
     # Chance: "same" needs a cell's interval inside ±0.5 %, far narrower than two blocks of
     # starts 2 % apart give: never. A correct judge may decide a cell of two identical
     # versions (its 95 % interval beyond ±0.5 %: about 1 in 20 a cell, both cells about 1 in

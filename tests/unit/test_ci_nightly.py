@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.studies.workflow_ab import step_script
 from tests.history_runs import derive
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,16 +27,7 @@ pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="no git")
 
 def step(name: str) -> str:
     """The ``run: |`` script of the workflow's step whose name starts with ``name``."""
-    lines = WORKFLOW.read_text().splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.strip().startswith(f"- name: {name}"))
-    run = next(i for i in range(start, len(lines)) if lines[i].strip() == "run: |")
-    indent = len(lines[run + 1]) - len(lines[run + 1].lstrip())
-    body = []
-    for ln in lines[run + 1 :]:
-        if ln.strip() and len(ln) - len(ln.lstrip()) < indent:
-            break
-        body.append(ln[indent:])
-    return "\n".join(body) + "\n"
+    return step_script(name, WORKFLOW)
 
 
 def git(*args: str, cwd: Path) -> str:

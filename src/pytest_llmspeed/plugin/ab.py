@@ -166,6 +166,7 @@ class ABRun:
         """Is round ``index`` worth running: within the most rounds, and, at a block's
         start, some cell undecided that the budget leaves room for."""
         from ..gate.ab import BLOCK, MIN_BLOCKS
+        from .settings import BUDGET_ROUNDS
 
         if index >= self.max_rounds:
             return False
@@ -175,10 +176,14 @@ class ABRun:
             return True  # the second block runs for the cells the first did not show same
         if not self.wanted_cells():
             if any(v.verdict.value == "unknown" for v in self.verdicts.values()):
+                cap = (
+                    "the budget allows"
+                    if self.run.settings.budget is not None and self.max_rounds == BUDGET_ROUNDS
+                    else f"{self.max_rounds} rounds (--llm-ab-rounds) or the budget allow"
+                )
                 self.stopped = (
-                    f"after {index} rounds: the unknown cells need more blocks than "
-                    f"{self.max_rounds} rounds (--llm-ab-rounds) or the budget allow, or none "
-                    "would decide them"
+                    f"after {index} rounds: the unknown cells need more blocks than {cap}, "
+                    "or none would decide them"
                 )
             return False
         if self.room() <= 0:
@@ -190,19 +195,23 @@ class ABRun:
         return [c for c in self.ledger.cells() if self.ledger.wanted(c)]
 
     def room(self) -> int:
-        """The blocks the budget still leaves room for (very many without one)."""
-        from ..gate.ab import BLOCK
+        """The blocks the budget still leaves room for (very many without one); the budget
+        counts from the first round past the first two blocks, which always run."""
+        from ..gate.ab import BLOCK, MIN_BLOCKS
 
         budget = self.run.settings.budget
-        if budget is None or self.extra_from is None:
+        if budget is None or len(self.ledger.rounds) < len(BLOCK):
             return 1 << 30
         rounds = self.ledger.rounds[-len(BLOCK) :]
         per_block = sum(r.duration_s for r in rounds)
         wanted = len(self.wanted_cells())
         measured = max(1, len({c for r in rounds for c in (*r.cells, *r.missing)}))
         estimate = per_block * wanted / measured
-        left = budget - (time.monotonic() - self.extra_from)
-        return math.floor(left / estimate) if estimate > 0 else 1 << 30
+        # none of it spent before the rounds past the first two blocks begin
+        spent = 0.0 if self.extra_from is None else time.monotonic() - self.extra_from
+        left = budget - spent
+        free = max(MIN_BLOCKS - len(self.ledger.rounds) // len(BLOCK), 0)  # the first two
+        return math.floor(left / estimate) + free if estimate > 0 else 1 << 30
 
     def runs_item(self, item: pytest.Item, index: int) -> bool:
         """Is ``item`` run in round ``index``: its cell not decided yet (a test that names no

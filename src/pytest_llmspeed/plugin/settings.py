@@ -320,7 +320,8 @@ OPTIONS: tuple[Option, ...] = (
         "ab-rounds",
         "the most rounds of an A/B (a round: the selected cells on one start), in blocks of "
         "four (old, new, new, old, or new, old, old, new); the first two blocks always run, "
-        "later ones only for the cells still unknown",
+        "later ones only for the cells still unknown. With --llm-budget and no value here, "
+        "the budget decides (at most 400)",
         default="16",
     ),
     Option(
@@ -710,6 +711,9 @@ def load(config: pytest.Config) -> Settings:
     plan = values.pop("serve_plan", None)
     tolerance = next(o for o in OPTIONS if o.name == "tolerance")
     values["tolerance_given"] = not raw_value(config, tolerance)[1].endswith(" default")
+    rounds = next(o for o in OPTIONS if o.name == "ab-rounds")
+    if values["budget"] is not None and raw_value(config, rounds)[1].endswith(" default"):
+        values["ab_rounds"] = BUDGET_ROUNDS  # the budget, not a cap set before, decides
     settings = Settings(**{k: v for k, v in values.items() if v is not None})
     return dataclasses.replace(settings, notes=tuple(notes), serve_plan=plan)
 
@@ -874,6 +878,11 @@ def _check_ab(config: pytest.Config, values: dict[str, Any]) -> None:
             "an A/B needs at least 8 rounds (two blocks of old, new, new, old): the spread "
             "of one block's change is not known",
         )
+
+
+#: an A/B's most rounds under --llm-budget when --llm-ab-rounds is not given: the budget
+#: decides when to stop (100 blocks: a bound only against a budget of days)
+BUDGET_ROUNDS = 400
 
 
 def parse_duration(value: str) -> float:
