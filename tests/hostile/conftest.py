@@ -210,7 +210,16 @@ def leaks(name: str, text: str, key: str = KEY) -> list[str]:
         if bad:
             found.append(f"{name}: a line beginning '::': {bad[0][:120]!r}")
             break
+    for t in texts:  # a server-made line start (the error page's lines, as sent)
+        bad = [ln for ln in t.splitlines() if ln.lstrip().startswith(SERVER_LINE_STARTS)]
+        if bad:
+            found.append(f"{name}: a line the server began: {bad[0][:120]!r}")
+            break
     return found
+
+
+#: how the hostile error page's lines begin (sim/hostile.py's ERROR_PAGE)
+SERVER_LINE_STARTS = ("## hostile", "[hostile-link]", "<head><title>502")
 
 
 # -- one run ---------------------------------------------------------------------------------

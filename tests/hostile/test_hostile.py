@@ -119,6 +119,8 @@ RUNS |= {
     "esc_in_error_body-mid": Spec("esc_in_error_body", ("--from-request", "2")),
     "esc_in_stream_error": Spec("esc_in_stream_error", ("--from-request", "2")),
     "markdown_in_model_id": Spec("markdown_in_model_id"),
+    "html_error_page-first": Spec("html_error_page"),
+    "html_error_page-mid": Spec("html_error_page", ("--from-request", "2")),
     # redirects
     "redirect_other_port": Spec("redirect_other_port"),
     "redirect_loop": Spec("redirect_loop"),
@@ -510,6 +512,7 @@ EXPECT: dict[str, Check] = {
     "esc_in_error_body": lambda o: [],
     "esc_in_stream_error": lambda o: [],
     "markdown_in_model_id": markdown_escaped,
+    "html_error_page": stops_with("", "502"),
     "redirect_other_port": redirect,
     "redirect_loop": redirect,
 }
@@ -583,6 +586,20 @@ def test_servers_send_what_the_searches_find(case, args, path, body, sent) -> No
         message = json.loads(raw)["error"]["message"]
         assert all(message[i : i + len(KEY)] == KEY for i in (195, 495))
         assert raw.decode()[495 : 495 + len(KEY)] == KEY
+
+
+def test_the_error_page_holds_what_the_line_search_finds() -> None:
+    """The gateway's error page begins lines that the search for server-made line starts
+    finds, as sent: a clean output is the plugin's doing."""
+    server = start_server("html_error_page")
+    try:
+        status, _, raw = server.raw("/v1/completions", b'{"prompt": "a", "max_tokens": 2}')
+    finally:
+        server.stop()
+    assert status == 502
+    page = raw.decode()
+    assert any("a line the server began" in p for p in leaks("terminal", page)), page
+    assert any("'::'" in p for p in leaks("terminal", page)), page
 
 
 @pytest.mark.parametrize(

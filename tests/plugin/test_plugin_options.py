@@ -103,6 +103,34 @@ def test_bad_endpoint_scheme(pytester):
     result.stderr.fnmatch_lines(["ERROR: --llm-endpoint='ftp://host': use a URL such as*"])
 
 
+@pytest.mark.parametrize(
+    ("option", "url", "shown", "why"),
+    [
+        ("endpoint", "http://127.0.0.1:9/?api_key=sk-SECRET123", "http://127.0.0.1:9/?api_key=…",
+         "holds a key in its query string"),
+        ("endpoint", "http://me:sk-SECRET123@127.0.0.1:9", "http://…@127.0.0.1:9",
+         "holds credentials"),
+        ("endpoint", "http://127.0.0.1:9/v1?model=x", "http://127.0.0.1:9/v1?model=…",
+         "has a query string or fragment"),
+        ("metrics-url", "http://127.0.0.1:9/metrics?token=SECRET123", "*?token=…",
+         "holds a key in its query string"),
+    ],
+)  # fmt: skip
+def test_a_server_url_with_credentials_is_refused_without_printing_them(
+    pytester, option, url, shown, why
+):
+    """A key in the URL would be printed on every line that names the server (and the API's
+    paths were appended after its query string): refused in one line that hides it."""
+    args = [f"--llm-{option}={url}"]
+    if option != "endpoint":
+        args.insert(0, "--llm-endpoint=http://127.0.0.1:9")
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: --llm-{option}='{shown}': {why}*"])
+    everything = result.stderr.str() + result.stdout.str()
+    assert "SECRET" not in everything and "Traceback" not in everything
+
+
 def test_ini_environment_and_command_line_precedence(pytester, monkeypatch):
     pytester.makeini("[pytest]\nllm_duration = nope\n")
     result = pytester.runpytest("--llm-endpoint=http://127.0.0.1:9")

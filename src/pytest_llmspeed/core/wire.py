@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import AnswerTooLarge, MalformedAnswer
+from .text import for_person
 
 # -- what is sent -------------------------------------------------------------------------------
 
@@ -672,7 +673,13 @@ def parse_stream(reads: list[tuple[float, bytes]], chat: bool = False) -> Stream
 
 
 def error_message(body: str) -> str:
-    """The human part of an OpenAI/vLLM error body, or the body itself, shortened."""
+    """The human part of an OpenAI/vLLM error body, or the body itself, shortened, as one
+    line a person may be shown (:func:`~.text.for_person`: an HTML page's or a Markdown
+    body's line breaks cannot start a line of the terminal, the CI log or the summary)."""
+    return for_person(_error_text(body), 500)
+
+
+def _error_text(body: str) -> str:
     try:
         data = loads(body)
     except ValueError:

@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import pytest
 
@@ -739,6 +739,8 @@ def _endpoints(config: pytest.Config, values: dict[str, Any], notes: list[str]) 
                 url,
                 "use a URL such as http://127.0.0.1:8000, or 'sim' for the built-in simulator",
             )
+        elif problem := _url_problem(url, query=False):
+            raise _bad(source, _url_shown(url), problem)
         elif url.endswith("/v1"):
             # the base URL as the OpenAI SDK and server docs write it: the same server
             url = url.removesuffix("/v1")
@@ -754,7 +756,9 @@ def _endpoints(config: pytest.Config, values: dict[str, Any], notes: list[str]) 
     metrics, msource = url_values(config, opt)
     for url in metrics:
         if not url.startswith(("http://", "https://")):
-            raise _bad(msource, url, "use a URL such as http://10.0.0.5:8000/metrics")
+            raise _bad(msource, _url_shown(url), "use a URL such as http://10.0.0.5:8000/metrics")
+        if problem := _url_problem(url, query=True):
+            raise _bad(msource, _url_shown(url), problem)
     if metrics and len(endpoints) > 1 and len(metrics) != len(endpoints):
         raise _bad(
             msource,
@@ -764,6 +768,43 @@ def _endpoints(config: pytest.Config, values: dict[str, Any], notes: list[str]) 
             "behind it)",
         )
     values["metrics_urls"] = tuple(metrics) or None
+
+
+#: query parameters that carry a secret (a gateway's ``?api_key=``, ``?token=``)
+_SECRET_PARAMS = frozenset(
+    ("key", "api_key", "apikey", "api-key", "token", "access_token", "auth", "password", "secret")
+)
+
+
+def _url_problem(url: str, query: bool) -> str | None:
+    """Why a server URL is refused: credentials in it (its user and password, or a key in its
+    query string, which every line naming the server would print), or, for the endpoint
+    (``query=False``), any query string or fragment (the API's paths go after the base URL)."""
+    parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None:
+        return "holds credentials (user:password@): give the key with --llm-api-key"
+    names = {k.lower() for k, _ in parse_qsl(parts.query, keep_blank_values=True)}
+    if names & _SECRET_PARAMS:
+        return "holds a key in its query string: give it with --llm-api-key"
+    if not query and (parts.query or parts.fragment):
+        return (
+            "has a query string or fragment (?…, #…): give the server's base URL, such as "
+            "http://127.0.0.1:8000"
+        )
+    return None
+
+
+def _url_shown(url: str) -> str:
+    """``url`` as a line may show it: its credentials and its query string's values hidden."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host += f":{parts.port}"
+    if parts.username is not None or parts.password is not None:
+        host = "…@" + host
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    query = "&".join(f"{k}=…" for k, _ in pairs) if pairs else parts.query and "…"
+    return urlunsplit((parts.scheme, host, parts.path, query, "…" if parts.fragment else ""))
 
 
 def _rank(source: str) -> int:

@@ -61,6 +61,12 @@ ANNOUNCED_S = 0.3  # usage_first: its first token's text comes this long after i
 #: title, colour) and a GitHub workflow command at the start of a line
 INJECTED = "\x1b[2J\x1b]0;hostile-title\x07\x1b[31m red \x1b[0m\n::error title=hostile::injected"
 #: Markdown and HTML a model id can carry without a control character
+#: a gateway's error page: each of its lines would start a line of the terminal, the CI log
+#: (``::``: a workflow command) or the job summary (a heading, a link) if printed as sent
+ERROR_PAGE = (
+    "<html>\n<head><title>502 Bad Gateway</title></head>\n<body>\n## hostile-heading\n"
+    "[hostile-link](http://127.0.0.1:9/)\n::error title=hostile::injected\n</body>\n</html>\n"
+)
 MARKDOWN = (
     "hostile <img src=x onerror=alert(1)> [click](javascript:alert(1)) **bold** "
     "| a | b | <script>alert(2)</script> # heading"
@@ -317,6 +323,11 @@ CASES: dict[str, Case] = {
         "/v1/completions", "a streamed error event with ESC sequences and '\\n::error'", True
     ),
     "markdown_in_model_id": Case("/v1/models", "Markdown and HTML in the model id"),
+    "html_error_page": Case(
+        "/v1/completions",
+        "HTTP 502 with a proxy's HTML page whose lines start with HTML, Markdown and '::'",
+        True,
+    ),
     "key_in_model_id": Case("/v1/models", "the API key in the model id"),
     "bidi_in_model_id": Case(
         "/v1/models", "a right-to-left override and zero-width characters in the model id"
@@ -811,6 +822,9 @@ class Hostile:
                 "key_encoded",
             ):
                 await out.whole(500, self._error_body())
+                return
+            if bad and self.case == "html_error_page":
+                await out.whole(502, ERROR_PAGE.encode(), "text/html; charset=utf-8")
                 return
             if bad and self.case == "stream_html":
                 await out.whole(200, HTML, "text/html; charset=utf-8")
