@@ -83,7 +83,13 @@ sys.exit(pytest.main())
 """
 
 #: the outputs a run writes (beside its terminal), by name
-OUTPUTS = {"junit": "out.xml", "results": "out.json", "page": "out.html", "summary": "summary.md"}
+OUTPUTS = {
+    "junit": "out.xml",
+    "results": "out.json",
+    "page": "out.html",
+    "summary": "summary.md",
+    "serve log": "llmspeed-serve.log",  # written by the plugin: the server's output, keyless
+}
 
 
 @dataclass(frozen=True)

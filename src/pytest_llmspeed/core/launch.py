@@ -10,6 +10,7 @@ watchdog stops the group, so no server outlives the session. No pytest import he
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shlex
@@ -24,18 +25,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import LLMSpeedError, redact_secrets, secret_values
-from .text import printable, register
+from .text import known_secrets, printable, register
 
 #: seconds between the signals of a stop: SIGINT, then SIGTERM, then SIGKILL
 GRACE_S = (10.0, 5.0)
 
 _WATCHDOG = """
-import os, signal, subprocess, sys, threading, time
+import json, os, signal, subprocess, sys, threading, time
+# the secrets to keep out of the log (the server may echo its --api-key): never the server's
+forms = [f.encode() for f in json.loads(os.environ.pop("LLMSPEED_REDACT", "[]"))]
+forms.sort(key=len, reverse=True)
 try:
-    server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if forms else None,
+        stderr=subprocess.STDOUT if forms else None,
+    )
 except OSError as exc:
     print(f"[llmspeed] cannot start {sys.argv[1]!r}: {exc.strerror}", flush=True)
     os._exit(127)
+def copy():
+    out = sys.stdout.buffer
+    for line in iter(lambda: server.stdout.readline(1 << 16), b""):
+        for form in forms:
+            line = line.replace(form, b"<redacted>")
+        out.write(line)
+        out.flush()
+copier = threading.Thread(target=copy, daemon=True)
+if forms:
+    copier.start()
 for sig in (signal.SIGINT, signal.SIGTERM):  # the group's signals are for the server
     signal.signal(sig, signal.SIG_IGN)
 eof = threading.Event()
@@ -50,6 +67,8 @@ if server.poll() is None:
         time.sleep(0.2)
     os.killpg(0, signal.SIGKILL)
 code = server.returncode
+if forms:
+    copier.join(5)  # what the server wrote last, into the log
 os._exit(code if code >= 0 else 128 - code)  # not sys.exit: the stdin thread is still reading
 """
 
@@ -200,12 +219,16 @@ def launch(
     with log_path.open("ab" if append else "wb") as log:
         log.write(f"$ {command.shown}\n".encode())
         log.flush()
+        child_env = dict(os.environ if env is None else env)
+        # every secret the plugin knows, as the server may echo it: the watchdog keeps them
+        # out of the log (and out of the server's environment)
+        child_env["LLMSPEED_REDACT"] = json.dumps(sorted(known_secrets()))
         proc = subprocess.Popen(
             [sys.executable, "-c", _WATCHDOG, *command.words],
             stdin=subprocess.PIPE,  # never written: it closes when this process dies
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=None if env is None else dict(env),
+            env=child_env,
             cwd=cwd,
             # its own process group (stopped as one), in this session: a new session is a new
             # scheduler autogroup on Linux, and vLLM's CPU build there had its API server

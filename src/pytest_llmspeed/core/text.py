@@ -118,6 +118,11 @@ def encoded_forms(plain: str) -> set[str]:
     return {f for f in forms if len(f) >= _MIN_FORM and f != plain}
 
 
+def known_secrets() -> frozenset[str]:
+    """Every registered secret and its encoded forms (what :func:`redact_known` removes)."""
+    return frozenset(_KNOWN)
+
+
 def forget_all() -> None:
     """Forget every registered secret (tests)."""
     _KNOWN.clear()
