@@ -306,6 +306,16 @@ class Connection:
                 ),
                 setting="timeout",
             )
+        if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+            why = for_person(getattr(exc.certificate_error, "verify_message", "") or "", 120)
+            return ServerUnreachable(
+                redact(
+                    f"the LLM server at {self.base_url} shows a TLS certificate this machine "
+                    f"does not trust ({why or 'not verified'}): for a private certificate "
+                    "authority, point SSL_CERT_FILE at its certificates (PEM) and run again",
+                    self.api_key,
+                )
+            )
         what = str(exc) or type(exc).__name__
         return ServerUnreachable(
             redact(f"cannot reach the LLM server at {self.base_url}: {what}", self.api_key)

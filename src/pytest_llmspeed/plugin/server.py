@@ -477,11 +477,16 @@ class ServerUnderTest:
             else f"contexts {','.join(context_label(c) for c in s.contexts)} · "
             f"concurrency {','.join(map(str, s.concurrency))}"
         )
-        return [
+        lines = [
             "llmspeed " + self.redact(described),
             f"llmspeed: api {s.api} ({'token-id' if self.prompt_form == 'ids' else 'text'} "
             "prompts) · " + " · ".join(settings),
         ]
+        # settings of the environment the run does not follow, said where the run starts
+        from .settings import PROXY_NOTE_END
+
+        lines += [f"llmspeed: {n}" for n in s.notes if n.endswith(PROXY_NOTE_END)]
+        return lines
 
     @property
     def window_words(self) -> str:

@@ -752,6 +752,9 @@ def _endpoints(config: pytest.Config, values: dict[str, Any], notes: list[str]) 
         endpoints.append(url)
     values["endpoint"] = endpoints[0] if endpoints else None
     values["endpoints"] = tuple(endpoints) if len(endpoints) > 1 else None
+    proxies = sorted(v for v in os.environ if v.lower() in PROXY_VARIABLES and os.environ[v])
+    if endpoints and proxies:
+        notes.append(f"{', '.join(proxies)} set and {PROXY_NOTE_END}")
     opt = next(o for o in OPTIONS if o.name == "metrics-url")
     metrics, msource = url_values(config, opt)
     for url in metrics:
@@ -770,6 +773,12 @@ def _endpoints(config: pytest.Config, values: dict[str, Any], notes: list[str]) 
     values["metrics_urls"] = tuple(metrics) or None
 
 
+#: the environment's proxy settings, which the plugin does not use (aiohttp's trust_env off)
+PROXY_VARIABLES = frozenset(("http_proxy", "https_proxy", "all_proxy"))
+PROXY_NOTE_END = (
+    "not used: the plugin connects to the server directly (through a proxy, the proxy's own "
+    "time would be measured as the server's)"
+)
 #: query parameters that carry a secret (a gateway's ``?api_key=``, ``?token=``)
 _SECRET_PARAMS = frozenset(
     ("key", "api_key", "apikey", "api-key", "token", "access_token", "auth", "password", "secret")
