@@ -202,7 +202,7 @@ _ERROR = b'"error"'
 #: nanoseconds): a NUL, which ends a C string, and an ESC, which starts a terminal sequence.
 #: Every other raw control byte is refused by the exact parse only; the text of a counted
 #: event is neither kept nor shown (docs/trust.md, "Counted without a parse")
-_NUL, _ESC = 0, 0x1B
+_NUL, _ESC, _CR = 0, 0x1B, 0x0D
 #: what a chat read counted without a parse is searched for (``in``: a C search of the read),
 #: to attribute its tokens to the reasoning or the answer: a read that may change the stream's
 #: phase (answer text while it reasons; reasoning, or a tool call, once it answers) goes to
@@ -243,11 +243,11 @@ class StreamTally:
     output)."""
 
     __slots__ = (
-        "announced", "answer_time", "broken", "carry", "chat", "chunks", "completion_tokens",
-        "cr", "details_reasoning", "done", "error", "error_event", "fast", "fed", "finish_reason",
-        "limit", "mixed_chunks", "output_chunks", "pending", "prev", "prompt_tokens",
-        "reasoning_chunks", "reasoning_rise", "seen_token", "text", "text_times", "token_chunks",
-        "tool_deltas", "tools", "usage_chunks", "usage_counts", "usage_times",
+        "after_cr", "announced", "answer_time", "broken", "carry", "chat", "chunks", "closing",
+        "completion_tokens", "cr", "details_reasoning", "done", "error", "error_event", "fast",
+        "fed", "finish_reason", "limit", "mixed_chunks", "output_chunks", "pending", "prev",
+        "prompt_tokens", "reasoning_chunks", "reasoning_rise", "seen_token", "text", "text_times",
+        "token_chunks", "tool_deltas", "tools", "usage_chunks", "usage_counts", "usage_times",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -280,6 +280,8 @@ class StreamTally:
         self.broken: MalformedAnswer | None = None  # the stream broke the protocol here
         self.error_event = False  # an ``event: error`` line came: its data is the error
         self.cr = False  # the stream's lines end in \r (\r\n or bare): made \n
+        self.closing = False  # close() parses what the last read left: no more reads come
+        self.after_cr = False  # the last read ended in \r: a \n beginning the next ends nothing
         #: the most tokens the request asked for (``max_tokens``): a count above it is a lie
         self.limit = MAX_COUNT
         #: a chat stream: its reads counted without a parse are searched for a change of
@@ -307,15 +309,17 @@ class StreamTally:
         rose; a usage-only event, without a choice, is not one)."""
         if self.done:
             return False  # [DONE] ended the stream: what a server sends after it is not read
-        if not self.seen_token:
-            if not self.fed and data.startswith(_BOM):  # a BOM before the first event
-                data = data[len(_BOM) :]
-            # SSE lines may end in \r\n or a bare \r too: told by the stream's reads up to its
-            # first token, not looked for in every read after (a stream that changes its line
-            # ends part way breaks its next event, and fails)
-            self.cr = self.cr or b"\r" in data
+        if not self.fed and data.startswith(_BOM):  # a BOM before the first event
+            data = data[len(_BOM) :]
         self.fed = True
-        if self.cr:
+        # SSE lines may end in \r\n, \n or a bare \r, each line its own (WHATWG): looked for
+        # in every read (a memchr). A \r\n cut between two reads is one line end: the \n
+        # that begins a read after a read that ended in \r is dropped
+        if self.after_cr and data[:1] == b"\n":
+            data = data[1:]
+        self.after_cr = data[-1:] == b"\r"
+        if _CR in data:
+            self.cr = True
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if self.carry:
             data, self.carry = self.carry + data, b""
@@ -345,6 +349,7 @@ class StreamTally:
             last = self.usage_times[-1] if self.usage_times else 0.0
             last = max(last, self.text_times[-1] if self.text_times else 0.0)
             tail, self.carry = self.carry + b"\n", b""
+            self.closing = True  # no read comes after: an event ends with the stream
             try:
                 self._parse(last, tail)
             except MalformedAnswer as exc:
@@ -461,11 +466,28 @@ class StreamTally:
         self.completion_tokens = n
         return True
 
+    def _joined(self, data: bytes, payload: bytes, pos: int) -> tuple[bytes | None, int]:
+        """An event whose first ``data:`` line (``payload``) is not a JSON object by itself:
+        WHATWG's event, its ``data:`` lines up to a blank line joined by newlines (what
+        sse-starlette writes for a payload that holds newlines), and where the parse goes on.
+        None when the read ended before the event did (the caller waits for the next read;
+        a stream that ends there has its last event parsed as it stands). A server that
+        leaves out the blank lines between events keeps each line its own event."""
+        more, after, ended = _data_lines(data, pos)
+        if not ended and not self.closing:
+            return None, pos
+        if more:
+            whole = b"\n".join((payload, *more))
+            if _object(whole) is not None:
+                return whole, after
+        return payload, pos
+
     def _parse(self, t: float, data: bytes) -> bool:
         """A read's events, each parsed (exact whatever the shape)."""
         first = False
         pos, size = 0, len(data)
         while pos < size:
+            start = pos
             end = data.find(b"\n", pos)
             end = size if end < 0 else end
             line = data[pos:end].strip()
@@ -497,6 +519,13 @@ class StreamTally:
             if not payload:
                 continue
             obj = _object(payload)
+            if obj is None:  # the first of an event's several data: lines?
+                joined, pos = self._joined(data, payload, pos)
+                if joined is None:  # its next line may be in the next read: wait for it
+                    self.carry = data[start:] + self.carry
+                    break
+                if joined is not payload:
+                    payload, obj = joined, _object(joined)
             if obj is None:
                 raise MalformedAnswer(
                     "stream", f"is {shown(payload.decode('utf-8', 'replace'))}, not a JSON object",
@@ -638,6 +667,22 @@ class StreamTally:
     def output_text(self) -> str:
         """The output text received (text, content, reasoning), where it was kept."""
         return "".join(self.text or ())
+
+
+def _data_lines(data: bytes, pos: int) -> tuple[list[bytes], int, bool]:
+    """The ``data:`` lines from ``pos`` up to the next line that is not one (their values),
+    where that line starts, and whether the read holds that line (False: the read ended)."""
+    values: list[bytes] = []
+    size = len(data)
+    while pos < size:
+        end = data.find(b"\n", pos)
+        end = size if end < 0 else end
+        line = data[pos:end].strip()
+        if not line.startswith(b"data:"):
+            return values, pos, True
+        values.append(line[5:].strip())
+        pos = end + 1
+    return values, pos, False
 
 
 def _well_formed(data: bytes) -> bool:
