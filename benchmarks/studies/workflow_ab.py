@@ -15,8 +15,9 @@ the job's environment as the install step leaves it. The substitutions, and only
   (``--matrix``, ``--budget``); the workflow's own are for a GPU's 30 s windows.
 
 Each run's job outcome is the step's exit status (0 passes the job); the results file gives
-each cell's verdict. The unknown policy is the workflow's (``--llm-unknown=fail``); the page
-also says how the job would have ended under ``warn`` (the same runs: only regressions fail).
+each cell's verdict. The page says how the job ends under each unknown policy (the same
+runs: ``--llm-unknown`` changes only the exit status): ``fail`` fails on a regressed or an
+unknown cell, ``warn`` (the workflow's) on a regressed one.
 
     python -m benchmarks.studies.workflow_ab --runs 10 --busy 2
 
@@ -141,22 +142,27 @@ def render(runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
         f"`python -m benchmarks.studies.workflow_ab --runs {args.runs} --busy {args.busy} "
         f'--matrix "{args.matrix}" --budget {args.budget} --speed {args.speed}` '
         f"({dt.date.today().isoformat()}, this machine: 2 cores shared with other work, "
-        f"{args.busy} busy loops beside it). The workflow's A/B step run verbatim by bash, "
-        "the simulator standing for vLLM (benchmarks/studies/workflow_ab.py says how).",
+        f"{args.busy} busy loops of its own beside it). The workflow's A/B step run verbatim by "
+        "bash, the simulator standing for vLLM (benchmarks/studies/workflow_ab.py says how).",
         "",
-        "| new version | runs | job failed | job passed | failed under `warn` | "
-        "regressed cells | unknown cells | same cells | mean minutes |",
+        "Each policy's job outcome comes from the same runs' verdicts: `--llm-unknown` changes "
+        "only the exit status, not the rounds.",
+        "",
+        "| new version | runs | job failed (its exit ≠ 0) | failed at `--llm-unknown=fail` | "
+        "failed at `--llm-unknown=warn` | regressed cells | unknown cells | same cells | "
+        "mean minutes |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for slower in sorted({float(r["slower"]) for r in runs}):
         group = [r for r in runs if r["slower"] == slower]
         cells = [v for r in group for v in r["verdicts"].values()]
         failed = sum(1 for r in group if r["exit"] != 0)
-        warn_failed = sum(1 for r in group if any(v == "regressed" for v in r["verdicts"].values()))
+        at_fail = sum(1 for r in group if {"regressed", "unknown"} & set(r["verdicts"].values()))
+        at_warn = sum(1 for r in group if "regressed" in r["verdicts"].values())
         name = "unchanged" if slower == 0 else f"decode {slower:.0%} slower"
         minutes = sum(float(r["seconds"]) for r in group) / len(group) / 60
         lines.append(
-            f"| {name} | {len(group)} | {failed} | {len(group) - failed} | {warn_failed} | "
+            f"| {name} | {len(group)} | {failed} | {at_fail} | {at_warn} | "
             f"{cells.count('regressed')} | {cells.count('unknown')} | {cells.count('same')} | "
             f"{minutes:.1f} |"
         )
@@ -182,7 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slower", type=float, default=0.10, help="the slower version's x")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds a run may take")
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--rerender", type=Path, help="the page again from a log of this study")
     args = p.parse_args(argv)
+    if args.rerender:
+        logged = args.rerender.read_text().splitlines()
+        args.out.write_text(render([json.loads(ln) for ln in logged if ln[:1] == "{"], args))
+        return 0
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     runs: list[dict[str, Any]] = []
     try:
