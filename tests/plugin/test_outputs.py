@@ -34,3 +34,32 @@ def test_an_output_that_cannot_be_written_is_a_usage_error(pytester, output):
     result.stderr.fnmatch_lines(
         [f"ERROR: --llm-{output.key}='/proc/x': cannot write there (*): choose a writable path"]
     )
+
+
+def test_a_disk_that_fills_during_the_run_loses_nothing_measured(pytester, monkeypatch):
+    """The results file cannot be written once the run is under way (a full disk: ENOSPC):
+    one note names the path and the cause, the page is still written, each cell keeps its
+    outcome, and the terminal summary shows the figures."""
+    import errno
+
+    from pytest_llmspeed.results import Results
+
+    def full(self, path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Results, "dump", full)
+    result = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=10", "--llm-contexts=1K", "--llm-concurrency=1,2",
+        "--llm-duration=1", "-m", "decode", "--llm-results=out/r.json", "--llm-html=out/p.html",
+    )  # fmt: skip
+    result.assert_outcomes(passed=2, deselected=1)
+    out = result.stdout.str()
+    assert "Traceback" not in out and "INTERNALERROR" not in out
+    notes = [ln for ln in result.stdout.lines if "could not be written" in ln]
+    assert notes == [
+        "note: out/r.json could not be written (No space left on device): what was measured is "
+        "in this summary; free the space or give another path"
+    ], notes
+    result.stdout.fnmatch_lines(["1K   * · * ms  * · * ms"])  # the decode matrix's row
+    assert (pytester.path / "out" / "p.html").exists()
+    assert not list((pytester.path / "out").glob(".llmspeed-*"))  # no temporary file left

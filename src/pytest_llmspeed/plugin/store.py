@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
 import platform
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -36,6 +37,7 @@ class CellStore:
         self.earlier: Results | None = None  # --llm-compare: the run this one is compared with
         #: the A/B's rounds and verdicts (plugin/ab.py), written as the results' "ab" key
         self.ab: dict[str, Any] | None = None
+        self.unwritten: set[str] = set()  # outputs that could not be written (said once)
         if settings.compare:
             from ..results import load
 
@@ -127,11 +129,26 @@ class CellStore:
             return
         results = self.results()
         if self.settings.results:
-            results.dump(self.settings.results)
+            path = self.settings.results
+            self._guarded(path, lambda: results.dump(path))
         if self.settings.outputs:
             comparison = self.comparison(results)
-            for output, path in self.settings.outputs:
-                output.write(results, comparison, path)
+            for output, out in self.settings.outputs:
+                self._guarded(out, functools.partial(output.write, results, comparison, out))
+
+    def _guarded(self, path: str, write: Callable[[], None]) -> None:
+        """Write one output; one that cannot be written (a full disk, a folder gone) is one
+        note naming the path and the cause, once, and the run goes on: the other outputs are
+        written, each cell keeps its verdict, and the terminal summary shows the figures."""
+        try:
+            write()
+        except OSError as exc:
+            if path not in self.unwritten:
+                self.unwritten.add(path)
+                self.note(
+                    f"{path} could not be written ({exc.strerror or exc}): what was measured "
+                    "is in this summary; free the space or give another path"
+                )
 
     def comparison(self, results: Results | None = None) -> Comparison | None:
         """This run against the earlier one (--llm-compare), or None."""

@@ -53,12 +53,16 @@ class Page:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".llmspeed-", suffix=".html")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(self.html)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # readable as open() would make it, not mkstemp's 0600
-        os.replace(tmp, target)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(self.html)
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)  # readable as open() would make it, not 0600
+            os.replace(tmp, target)
+        except BaseException:  # a full disk: no half page left behind
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def _environment() -> Any:
