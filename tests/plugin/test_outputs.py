@@ -63,3 +63,30 @@ def test_a_disk_that_fills_during_the_run_loses_nothing_measured(pytester, monke
     result.stdout.fnmatch_lines(["1K   * · * ms  * · * ms"])  # the decode matrix's row
     assert (pytester.path / "out" / "p.html").exists()
     assert not list((pytester.path / "out").glob(".llmspeed-*"))  # no temporary file left
+
+
+def test_a_second_run_on_one_results_file_is_refused(pytester):
+    """Two runs writing one results file after every cell replace each other's: the second
+    (here, a lock held as a first run holds it) is refused before any cell, naming the first;
+    once the first ends, the path is free again."""
+    import fcntl
+    import os
+
+    lock = pytester.path / ".r.json.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(fd, b"4242")
+    try:
+        result = pytester.runpytest("--llm-endpoint=sim", "--llm-results=r.json")
+    finally:
+        os.close(fd)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: --llm-results=r.json: another run (pid 4242) is writing it: give this run *"]
+    )
+    result = pytester.runpytest(
+        "--llm-endpoint=sim:tiny?speed=10", "--llm-contexts=1K", "--llm-concurrency=1",
+        "-m", "prefill", "--llm-results=r.json",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1, deselected=1)
+    assert (pytester.path / "r.json").exists() and not lock.exists()  # released at the end

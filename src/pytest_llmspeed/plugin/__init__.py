@@ -65,6 +65,10 @@ def pytest_configure(config: pytest.Config) -> None:
                 text += f". Create one with --llm-save-baseline={conf.baseline}"
             raise pytest.UsageError(f"--llm-baseline: {text}") from None
         raise
+    if conf.results and not hasattr(config, "workerinput"):  # (xdist's workers write none)
+        from .store import ResultsLock
+
+        config.add_cleanup(ResultsLock(conf.results).release)
     config.pluginmanager.register(ProgressReporter(config), "llmspeed-progress")
     config.pluginmanager.register(SuiteProperties(config), "llmspeed-suite-properties")
     if config.pluginmanager.hasplugin("timeout"):  # pytest-timeout: a cut cell stops cleanly

@@ -5,6 +5,7 @@ keeps what it measured."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import functools
@@ -157,6 +158,43 @@ class CellStore:
         from ..report.compare import compare
 
         return compare(self.earlier, results or self.results())
+
+
+class ResultsLock:
+    """The results file's lock for the run's lifetime: ``.NAME.lock`` beside it, held with
+    ``flock`` (released when the process ends, however it ends). Two runs writing one results
+    file after every cell would each replace the other's: the second is refused."""
+
+    def __init__(self, path: str):
+        import fcntl
+        import os
+        from pathlib import Path
+
+        target = Path(path)
+        self.path = target.parent / f".{target.name}.lock"
+        self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 32, 0).decode("ascii", "replace").strip()
+            os.close(self.fd)
+            self.fd = None
+            who = f" (pid {holder})" if holder.isdigit() else ""
+            raise pytest.UsageError(
+                f"--llm-results={path}: another run{who} is writing it: give this run another "
+                "path, or wait for that one to end"
+            ) from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+
+    def release(self) -> None:
+        import os
+
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            os.close(self.fd)  # the lock goes with it
+            self.fd = None
 
 
 def _known_out(text: str | None) -> str | None:
