@@ -700,6 +700,9 @@ class FlagKind(StrEnum):
     USAGE_BEFORE_TOKENS = "usage_before_tokens"
     #: the server held streams open after their ``[DONE]`` (said once a run)
     HELD_AFTER_DONE = "held_after_done"
+    #: the server has a generation counter, but a read at the window's edges gave none: the
+    #: tokens received were not checked against it (the detail: which read)
+    NOT_REFEREED = "not_refereed"
 
 
 _FLAG_KINDS = frozenset(k.value for k in FlagKind)
@@ -724,6 +727,10 @@ _FLAG_WORDS = {
     FlagKind.HELD_AFTER_DONE: (
         "the server held streams open after their data: [DONE]: ",
         " (each request ended at its [DONE], the stream closed by the client)",
+    ),
+    FlagKind.NOT_REFEREED: (
+        "not refereed: ",
+        " (the tokens received were not checked against the server's generation counter)",
     ),
 }
 

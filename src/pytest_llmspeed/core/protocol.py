@@ -608,8 +608,42 @@ async def run_decode(
                 busy, (read_open, polls, read_close), (server_open, server_polls, server_close)
             ),
             *wire_flags(records, conn),
+            *unrefereed(
+                watch_metrics, before, span_open, span_close, result.generation_tokens_delta
+            ),
         ),
     )
+
+
+def unrefereed(
+    watched: bool,
+    before: MetricsSnapshot | None,
+    span_open: tuple[float, float, MetricsSnapshot | None] | None,
+    span_close: tuple[float, float, MetricsSnapshot | None] | None,
+    delta: float | None,
+) -> list[Flag]:
+    """A referee that could not run is a note, never silence: the server has ``/metrics``
+    (``watched``), and a read the referee needs — before the cell, at the window's open or
+    at its close — did not answer in time or parse, or one of them lacked the generation
+    counter the others had. A server whose ``/metrics`` has no such counter at all says
+    nothing here (the referee has nothing to read)."""
+    if not watched or delta is not None:
+        return []
+    reads = {
+        "before the cell": before,
+        "at the window's open": span_open[2] if span_open else None,
+        "at the window's close": span_close[2] if span_close else None,
+    }
+    failed = [name for name, snap in reads.items() if snap is None]
+    if failed:
+        detail = f"/metrics {' and '.join(failed)} did not answer in time or parse"
+        return [Flag(FlagKind.NOT_REFEREED, detail)]
+    counted = [name for name, snap in reads.items() if snap and snap.generation_tokens is not None]
+    if counted and len(counted) < len(reads):
+        lacking = [name for name in reads if name not in counted]
+        detail = f"/metrics {' and '.join(lacking)} had no generation counter"
+        return [Flag(FlagKind.NOT_REFEREED, detail)]
+    return []
 
 
 def wire_flags(records: Sequence[StreamRecord], conn: Connection | ReplicaSet) -> list[Flag]:

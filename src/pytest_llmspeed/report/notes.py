@@ -107,6 +107,12 @@ HELD_AFTER_DONE = NoteKind(
     "(not in flight while held), the stream closed by the client",
     "held after [DONE]",
 )
+NOT_REFEREED = NoteKind(
+    "not refereed: the server has a generation counter, but /metrics gave none at the "
+    "window's edges (slow, unparsed or without it): the tokens received were not checked "
+    "against the server's count",
+    "not refereed",
+)
 #: the order kinds are said in
 KINDS = (
     CLIENT_BEHIND,
@@ -127,6 +133,7 @@ KINDS = (
     SERVER_WENT_BACK,
     USAGE_BEFORE_TOKENS,
     HELD_AFTER_DONE,
+    NOT_REFEREED,
 )
 #: the kinds a cell's flags give (``CellRecord.flags``), said after the kinds from its figures
 _FROM_FLAGS = {
@@ -135,6 +142,7 @@ _FROM_FLAGS = {
     FlagKind.SERVER_WENT_BACK: SERVER_WENT_BACK,
     FlagKind.USAGE_BEFORE_TOKENS: USAGE_BEFORE_TOKENS,
     FlagKind.HELD_AFTER_DONE: HELD_AFTER_DONE,
+    FlagKind.NOT_REFEREED: NOT_REFEREED,
 }
 #: kinds a cell's own row only names (its flags' words, shown beside, say the rest)
 _NAMED = (SERVER_BUSY, METRICS_UNPARSED, SERVER_VALUES, SERVER_WENT_BACK)

@@ -241,6 +241,9 @@ CASES: dict[str, Case] = {
     ),
     "models_trickle": Case("/v1/models", "its body one byte every --interval s"),
     "metrics_slow": Case("/metrics", "answers after --delay s"),
+    "metrics_slow_mid": Case(
+        "/metrics", "answers at once for the probe (its first 3 reads), after --delay s later"
+    ),
     "gauges_busy": Case("/metrics", "num_requests_running never reads 0 (always 2 more)"),
     # -- size --------------------------------------------------------------------------------
     "sse_long_line": Case(
@@ -699,7 +702,7 @@ class Hostile:
     async def metrics(self, req: Request, out: Writer) -> None:
         self.stats.metrics_reads += 1
         case = self.case
-        if case == "metrics_slow":
+        if case == "metrics_slow" or (case == "metrics_slow_mid" and self.stats.metrics_reads > 3):
             await asyncio.sleep(self.o.delay)
         if case == "metrics_garbage":
             await out.whole(
