@@ -703,6 +703,8 @@ class FlagKind(StrEnum):
     #: the server has a generation counter, but a read at the window's edges gave none: the
     #: tokens received were not checked against it (the detail: which read)
     NOT_REFEREED = "not_refereed"
+    #: the streams named more than one model (several backends behind one endpoint?)
+    MODELS = "models"
 
 
 _FLAG_KINDS = frozenset(k.value for k in FlagKind)
@@ -727,6 +729,10 @@ _FLAG_WORDS = {
     FlagKind.HELD_AFTER_DONE: (
         "the server held streams open after their data: [DONE]: ",
         " (each request ended at its [DONE], the stream closed by the client)",
+    ),
+    FlagKind.MODELS: (
+        "the streams named several models: ",
+        " (several backends behind one endpoint: the figures mix them)",
     ),
     FlagKind.NOT_REFEREED: (
         "not refereed: ",

@@ -87,6 +87,7 @@ RUNS |= {
     "models_trickle": Spec("models_trickle", ("--interval", "1")),
     "metrics_slow": Spec("metrics_slow", ("--delay", "25")),
     "metrics_slow_mid": Spec("metrics_slow_mid", ("--delay", "25")),
+    "two_backends": Spec("two_backends"),
     "gauges_busy": Spec("gauges_busy"),
     # size
     "models_huge": Spec("models_huge", ("--size", str(100 << 20))),
@@ -465,6 +466,8 @@ EXPECT: dict[str, Check] = {
     "metrics_slow": all_of(goes_on, no_words("cannot reach"), named("/metrics", "")),
     # the referee could not read the counter inside the cells: said, never silence
     "metrics_slow_mid": all_of(goes_on, named("/metrics", "not refereed")),
+    # the second backend's model is named where the cells are (several backends, mixed)
+    "two_backends": all_of(goes_on, named("hostile-backend-b", "several models")),
     "gauges_busy": named("", "busy"),
     "models_huge": stops_with("/v1/models", "mib", "large", "size"),
     "metrics_huge": named("/metrics", "mib", "large", "size"),

@@ -7,6 +7,7 @@ dataclasses and never import pytest.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import math
 import statistics
@@ -77,7 +78,7 @@ from .stats import (
     prompt_tok_s,
 )
 from .streams import PromptSource, Streams
-from .text import redact_known
+from .text import for_person, redact_known
 from .tokenize import ServerTokenizer
 from .wire import Dialect, StreamTally, request_fields
 from .workers import ProcessStreams, WorkerSpec, portable, split
@@ -657,6 +658,10 @@ def wire_flags(records: Sequence[StreamRecord], conn: Connection | ReplicaSet) -
     if early:
         detail = f"{sum(early):,} token(s) in {len(early)} of {len(records)} requests"
         flags.append(Flag(FlagKind.USAGE_BEFORE_TOKENS, detail))
+    models = collections.Counter(r.tally.model for r in records if r.tally.model)
+    if len(models) > 1:
+        shown = ", ".join(f"{for_person(m, 60)} ({k})" for m, k in models.most_common())
+        flags.append(Flag(FlagKind.MODELS, f"{shown} requests"))
     conns = conn.connections if isinstance(conn, ReplicaSet) else [conn]
     held = sum(c.held_open for c in conns)
     if held and not any(c.held_open_said for c in conns):

@@ -245,9 +245,10 @@ class StreamTally:
     __slots__ = (
         "after_cr", "announced", "answer_time", "broken", "carry", "chat", "chunks", "closing",
         "completion_tokens", "cr", "details_reasoning", "done", "error", "error_event", "fast",
-        "fed", "finish_reason", "limit", "mixed_chunks", "output_chunks", "pending", "prev",
-        "prompt_tokens", "reasoning_chunks", "reasoning_rise", "seen_token", "text", "text_times",
-        "token_chunks", "tool_deltas", "tools", "usage_chunks", "usage_counts", "usage_times",
+        "fed", "finish_reason", "limit", "mixed_chunks", "model", "output_chunks", "pending",
+        "prev", "prompt_tokens", "reasoning_chunks", "reasoning_rise", "seen_token", "text",
+        "text_times", "token_chunks", "tool_deltas", "tools", "usage_chunks", "usage_counts",
+        "usage_times",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -282,6 +283,7 @@ class StreamTally:
         self.cr = False  # the stream's lines end in \r (\r\n or bare): made \n
         self.closing = False  # close() parses what the last read left: no more reads come
         self.after_cr = False  # the last read ended in \r: a \n beginning the next ends nothing
+        self.model: str | None = None  # the model its first chunk named
         #: the most tokens the request asked for (``max_tokens``): a count above it is a lie
         self.limit = MAX_COUNT
         #: a chat stream: its reads counted without a parse are searched for a change of
@@ -532,6 +534,8 @@ class StreamTally:
                     "a data: event",
                 )  # fmt: skip
             choices = obj.get("choices")
+            if self.model is None and isinstance(name := obj.get("model"), str):
+                self.model = name[:200]  # the backend's name for itself (several: said)
             if self.error_event:  # the data of an ``event: error``: whatever its shape
                 self.error_event = False
                 if self.error is None:

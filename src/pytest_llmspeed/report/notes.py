@@ -113,6 +113,11 @@ NOT_REFEREED = NoteKind(
     "against the server's count",
     "not refereed",
 )
+SEVERAL_MODELS = NoteKind(
+    "the streams named several models: several backends behind one endpoint, whose figures "
+    "the cell mixes",
+    "several models",
+)
 #: the order kinds are said in
 KINDS = (
     CLIENT_BEHIND,
@@ -134,6 +139,7 @@ KINDS = (
     USAGE_BEFORE_TOKENS,
     HELD_AFTER_DONE,
     NOT_REFEREED,
+    SEVERAL_MODELS,
 )
 #: the kinds a cell's flags give (``CellRecord.flags``), said after the kinds from its figures
 _FROM_FLAGS = {
@@ -143,6 +149,7 @@ _FROM_FLAGS = {
     FlagKind.USAGE_BEFORE_TOKENS: USAGE_BEFORE_TOKENS,
     FlagKind.HELD_AFTER_DONE: HELD_AFTER_DONE,
     FlagKind.NOT_REFEREED: NOT_REFEREED,
+    FlagKind.MODELS: SEVERAL_MODELS,
 }
 #: kinds a cell's own row only names (its flags' words, shown beside, say the rest)
 _NAMED = (SERVER_BUSY, METRICS_UNPARSED, SERVER_VALUES, SERVER_WENT_BACK)

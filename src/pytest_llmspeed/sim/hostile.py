@@ -241,6 +241,9 @@ CASES: dict[str, Case] = {
     ),
     "models_trickle": Case("/v1/models", "its body one byte every --interval s"),
     "metrics_slow": Case("/metrics", "answers after --delay s"),
+    "two_backends": Case(
+        "/v1/completions", "every other stream's chunks name another model (a second backend)", True
+    ),
     "metrics_slow_mid": Case(
         "/metrics", "answers at once for the probe (its first 3 reads), after --delay s later"
     ),
@@ -892,6 +895,9 @@ class Stream:
         self.id = f"cmpl-hostile-{server.stats.streams}"
         self.created = int(time.time())
         self.sent = 0
+        #: two_backends: every other stream from a second backend, which names its own model
+        second = bad and server.case == "two_backends" and server.stats.streams % 2 == 0
+        self.model = f"{MODEL}-backend-b" if second else MODEL
 
     def usage(self, c: int) -> Any:
         case = self.s.case if self.bad else "good"
@@ -936,7 +942,7 @@ class Stream:
             "id": self.id,
             "object": "chat.completion.chunk" if self.chat else "text_completion",
             "created": self.created,
-            "model": MODEL,
+            "model": self.model,
             "choices": [choice],
         }
         if self.bad and self.s.case == "choices_object":
