@@ -44,6 +44,8 @@ def test_rate_cells_run_per_context_and_rate_and_report_from_the_schedule(pytest
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
         [
+            # what the rate cells' TTFTs are: returning users', on a warm shared prefix
+            "llmspeed: api * · rate cells: each request the context's shared prefix, warm · *",
             "llmspeed::test_rate[[]1K-r4[]] PASSED*",
             "llmspeed::test_rate[[]1K-r16[]] PASSED*",
             "Open loop (requests sent at their scheduled times; latencies are medians*",
