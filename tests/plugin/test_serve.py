@@ -254,3 +254,24 @@ def test_a_miss_is_re_measured_on_a_restart_of_the_launched_server(pytester):
     result.stdout.fnmatch_lines(["*[[]attempts on fresh starts: *, *[]]"])
     assert len(starts_in(pytester.path / "llmspeed-serve.log")) == 2
     assert gone(marker)
+
+
+def test_a_port_answered_by_another_process_is_said(results_doc, pytester):
+    """What answers the command's port is another process's server (here a simulator already
+    there, the command itself never listening): the run says so, naming the process, where
+    it measured another server without a word."""
+    from pytest_llmspeed.core import launch
+    from pytest_llmspeed.sim import SimOptions, running_simulator_process
+
+    port = launch.free_port()
+    high = launch._ephemeral_low()
+    if high > launch.LOW_PORT + 100:  # below the kernel's own choices (ip_local_port_range)
+        assert launch.LOW_PORT <= port < high
+    with running_simulator_process(SimOptions(profile="tiny", speed=10, port=port)):
+        serve = f"{sys.executable} -c 'import time; time.sleep(600)' --port {port}"
+        result = pytester.runpytest(
+            f"--llm-serve={serve}", "--llm-contexts=1K", "--llm-concurrency=1",
+            "--llm-duration=1", "-m", "decode", "--llm-results=out.json",
+        )  # fmt: skip
+    out = result.stdout.str()
+    assert f"port {port} is held by pid" in out and "another server took the port" in out, out

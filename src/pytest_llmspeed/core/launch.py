@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import shlex
 import shutil
@@ -79,10 +80,95 @@ class LaunchError(LLMSpeedError):
     setting = "serve"
 
 
+#: the lowest port :func:`free_port` draws from
+LOW_PORT = 20000
+
+
+def _ephemeral_low() -> int:
+    """Where the kernel's own port choices begin (``bind`` to port 0)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A free loopback port for a server to bind, drawn at random below the kernel's
+    ephemeral range: a port the kernel hands out to a ``bind(0)`` (every other test's and
+    tool's server) could be taken in the seconds before a slow server binds it, and its
+    health check would then reach the other server. Port 0's choice when none is found."""
+    low, high = LOW_PORT, _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(50 if high > low + 100 else 0):
+        port = rng.randrange(low, high)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def listener_pids(port: int) -> set[int] | None:
+    """The processes that hold a listening TCP socket on ``port`` (Linux's /proc); None where
+    that cannot be told (no /proc, or a socket no process shows)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{f[9]}]")
+    if not inodes:
+        return None
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fds = list((entry / "fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(fd)
+            except OSError:  # closed since listed (the listing's own among them)
+                continue
+            if link in inodes:
+                pids.add(int(entry.name))
+                break
+    return pids or None
+
+
+def foreign_listener(server: LaunchedServer) -> str | None:
+    """The process that listens on the server's port when none of the command's own does
+    (Linux): the port was taken by another process before the server bound it, so what
+    answered its health check is another server; or the command hands the port to a proxy of
+    its own (``docker run -p``). In words, for a note; None when the command's own process
+    listens, or when it cannot be told."""
+    holders = listener_pids(server.command.port)
+    if holders is None or any(_in_group(pid, server.pid) for pid in holders):
+        return None
+    pid = min(holders)
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        name = "?"
+    return f"pid {pid} ({printable(name)[:40]})"
+
+
+def _in_group(pid: int, group: int) -> bool:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return len(fields) > 2 and int(fields[2]) == group
 
 
 @dataclass(frozen=True)

@@ -289,7 +289,14 @@ class ServerUnderTest:
         """--llm-serve: start the server command and wait until it answers (LaunchError)."""
         from pathlib import Path
 
-        from ..core.launch import LaunchError, engine_python, launch, plan, wait_healthy
+        from ..core.launch import (
+            LaunchError,
+            engine_python,
+            foreign_listener,
+            launch,
+            plan,
+            wait_healthy,
+        )
         from ..core.machine import engine_packages
 
         s = self.settings
@@ -321,6 +328,13 @@ class ServerUnderTest:
         self.notes.append(
             f"server started by --llm-serve, answering after {took:.0f} s; its log: {log}"
         )
+        other = foreign_listener(self.launched) if self.launched is not None else None
+        if other is not None:
+            self.notes.append(
+                f"port {s.serve_plan.port} is held by {other}, not by a process of the "
+                "--llm-serve command: unless that is the command's own proxy (docker -p), "
+                "another server took the port and the figures are that server's"
+            )
         python = engine_python(s.serve_plan)
         if python is not None:
             self.engine_packages = engine_packages(python)
