@@ -33,7 +33,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from pathlib import Path
@@ -292,6 +292,18 @@ def _sides(value: float, ci: Pair | None) -> tuple[float, float]:
     return max(value - ci[0], 0.0), max(ci[1] - value, 0.0)
 
 
+def mean_interval(mean: float, values: Sequence[float], cis: Sequence[Pair | None]) -> Pair | None:
+    """The interval of ``mean``, the mean of independent measurements, from their own
+    intervals: each side's half-widths added in quadrature and divided by their number. None
+    when a measurement has none."""
+    if not values or len(cis) != len(values) or any(ci is None for ci in cis):
+        return None
+    sides = [_sides(v, ci) for v, ci in zip(values, cis, strict=True)]
+    low = math.sqrt(sum(a * a for a, _ in sides)) / len(values)
+    high = math.sqrt(sum(b * b for _, b in sides)) / len(values)
+    return (mean - low, mean + high)
+
+
 #: the two-sided 95 % normal quantile of the figures' intervals, and the one-sided 99 % one
 #: the gate tests at when the between-run spread is not estimated
 Z95 = 1.959963984540054
@@ -389,15 +401,10 @@ class Check:
 
     @property
     def value_ci(self) -> Pair | None:
-        """The interval of the mean of the attempts from their own intervals (independent
-        attempts: half-widths add in quadrature, divided by their number)."""
+        """The interval of the mean of the attempts from their own (:func:`mean_interval`)."""
         if not self.uses_intervals:
             return None
-        k = len(self.values)
-        sides = [_sides(v, ci) for v, ci in zip(self.values, self.values_ci, strict=True)]
-        low = math.sqrt(sum(a * a for a, _ in sides)) / k
-        high = math.sqrt(sum(b * b for _, b in sides)) / k
-        return (self.value - low, self.value + high)
+        return mean_interval(self.value, self.values, self.values_ci)
 
     @property
     def reference_u(self) -> float:

@@ -163,12 +163,19 @@ def foreign_listener(server: LaunchedServer) -> str | None:
     return f"pid {pid} ({printable(name)[:40]})"
 
 
-def _in_group(pid: int, group: int) -> bool:
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/PID/stat``'s fields after the command's name (state, parent, group, ...);
+    None when the process is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return False
-    return len(fields) > 2 and int(fields[2]) == group
+        return None
+    return fields if len(fields) > 2 else None
+
+
+def _in_group(pid: int, group: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and int(fields[2]) == group
 
 
 @dataclass(frozen=True)
@@ -280,12 +287,8 @@ def _group_alive(group: int) -> bool:
     # a zombie leader still counts: look for a live member
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            if len(fields) > 2 and int(fields[2]) == group and fields[0] != "Z":
+            fields = _stat(int(entry.name))
+            if fields is not None and int(fields[2]) == group and fields[0] != "Z":
                 return True
     return False
 

@@ -244,7 +244,7 @@ class StreamTally:
 
     __slots__ = (
         "after_cr", "announced", "answer_time", "broken", "carry", "chat", "chunks", "closing",
-        "completion_tokens", "cr", "details_reasoning", "done", "error", "error_event", "fast",
+        "completion_tokens", "details_reasoning", "done", "error", "error_event", "fast",
         "fed", "finish_reason", "limit", "mixed_chunks", "model", "output_chunks", "pending",
         "prev", "prompt_tokens", "reasoning_chunks", "reasoning_rise", "seen_token", "text",
         "text_times", "token_chunks", "tool_deltas", "tools", "usage_chunks", "usage_counts",
@@ -280,7 +280,6 @@ class StreamTally:
         self.fed = False  # a read came
         self.broken: MalformedAnswer | None = None  # the stream broke the protocol here
         self.error_event = False  # an ``event: error`` line came: its data is the error
-        self.cr = False  # the stream's lines end in \r (\r\n or bare): made \n
         self.closing = False  # close() parses what the last read left: no more reads come
         self.after_cr = False  # the last read ended in \r: a \n beginning the next ends nothing
         self.model: str | None = None  # the model its first chunk named
@@ -319,9 +318,8 @@ class StreamTally:
         # that begins a read after a read that ended in \r is dropped
         if self.after_cr and data[:1] == b"\n":
             data = data[1:]
-        self.after_cr = data[-1:] == b"\r"
+        self.after_cr = data.endswith(b"\r")
         if _CR in data:
-            self.cr = True
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if self.carry:
             data, self.carry = self.carry + data, b""

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from .. import figures
-from ..results import CellRecord, Check, GateVerdict, Outcome, Phase, Status
+from ..results import CellRecord, Check, GateVerdict, Outcome, Phase, Status, mean_interval
 from .baseline import Baseline, CellBaseline
 from .judge import Change, Verdict, judge, more_needed, verdict_of
 from .noise import Spread, reference_se, with_attempts, within_se
@@ -310,7 +310,7 @@ def mean_figures(attempts: Sequence[CellRecord], geometric: bool = False) -> dic
     """Each of :data:`MEANT` as the mean over the attempts that measured it: arithmetic, what
     :func:`change_of` judges; ``geometric``, what an A/B judges (in logs) and its table shows
     for each version. With the interval of that mean from theirs (independent attempts: each
-    side's half-widths in quadrature over their number; none when an attempt had none)."""
+    side's half-widths in quadrature over their number, :func:`~..results.mean_interval`)."""
     out: dict[str, object] = {}
     for key in MEANT:
         measured = [a for a in attempts if isinstance(getattr(a, key, None), int | float)]
@@ -327,14 +327,8 @@ def mean_figures(attempts: Sequence[CellRecord], geometric: bool = False) -> dic
         f = figures.by_key(key)
         if not f.ci:
             continue
-        found = [getattr(a, f.ci_key, None) for a in measured]
-        cis = [ci for ci in found if ci is not None]
-        if len(cis) < len(found):
-            out[f.ci_key] = None
-            continue
-        low = math.sqrt(sum((v - ci[0]) ** 2 for v, ci in zip(values, cis, strict=True)))
-        high = math.sqrt(sum((ci[1] - v) ** 2 for v, ci in zip(values, cis, strict=True)))
-        out[f.ci_key] = (mean - low / len(values), mean + high / len(values))
+        cis = [getattr(a, f.ci_key, None) for a in measured]
+        out[f.ci_key] = mean_interval(mean, values, cis)
     return out
 
 

@@ -498,10 +498,8 @@ class ServerUnderTest:
             f"llmspeed: api {s.api} ({'token-id' if self.prompt_form == 'ids' else 'text'} "
             "prompts) · " + " · ".join(settings),
         ]
-        # settings of the environment the run does not follow, said where the run starts
-        from .settings import PROXY_NOTE_END
-
-        lines += [f"llmspeed: {n}" for n in s.notes if n.endswith(PROXY_NOTE_END)]
+        if s.proxy_note:  # the environment's setting the run does not follow, said up front
+            lines.append(f"llmspeed: {s.proxy_note}")
         return lines
 
     @property

@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
@@ -439,6 +439,8 @@ class Settings:
     #: --llm-tolerance was given (command line, environment or ini file): it then stands for
     #: the stored gate's default tolerance too, and is written into a baseline saved with it
     tolerance_given: bool = False
+    #: proxy variables set in the environment, which the plugin does not use, in words
+    proxy_note: str | None = None
     budget: float | None = None  # seconds
     unknown: str = "warn"
 
@@ -721,6 +723,8 @@ def load(config: pytest.Config) -> Settings:
 def _endpoints(config: pytest.Config, values: dict[str, Any], notes: list[str]) -> None:
     """--llm-endpoint (one URL, several replicas, or the simulator) and --llm-metrics-url,
     checked: each a URL, none twice, the simulator alone, a metrics URL per endpoint."""
+    from .server import public_url  # a refused URL is shown as every line shows the server
+
     urls, source = url_values(config, OPTIONS[0])
     endpoints: list[str] = []
     for url in urls:
@@ -740,7 +744,7 @@ def _endpoints(config: pytest.Config, values: dict[str, Any], notes: list[str]) 
                 "use a URL such as http://127.0.0.1:8000, or 'sim' for the built-in simulator",
             )
         elif problem := _url_problem(url, query=False):
-            raise _bad(source, _url_shown(url), problem)
+            raise _bad(source, public_url(url), problem)
         elif url.endswith("/v1"):
             # the base URL as the OpenAI SDK and server docs write it: the same server
             url = url.removesuffix("/v1")
@@ -754,14 +758,18 @@ def _endpoints(config: pytest.Config, values: dict[str, Any], notes: list[str]) 
     values["endpoints"] = tuple(endpoints) if len(endpoints) > 1 else None
     proxies = sorted(v for v in os.environ if v.lower() in PROXY_VARIABLES and os.environ[v])
     if endpoints and proxies:
-        notes.append(f"{', '.join(proxies)} set and {PROXY_NOTE_END}")
+        values["proxy_note"] = (
+            f"{', '.join(proxies)} set and not used: the plugin connects to the server "
+            "directly (through a proxy, the proxy's own time would be measured as the server's)"
+        )
+        notes.append(values["proxy_note"])
     opt = next(o for o in OPTIONS if o.name == "metrics-url")
     metrics, msource = url_values(config, opt)
     for url in metrics:
         if not url.startswith(("http://", "https://")):
-            raise _bad(msource, _url_shown(url), "use a URL such as http://10.0.0.5:8000/metrics")
+            raise _bad(msource, public_url(url), "use a URL such as http://10.0.0.5:8000/metrics")
         if problem := _url_problem(url, query=True):
-            raise _bad(msource, _url_shown(url), problem)
+            raise _bad(msource, public_url(url), problem)
     if metrics and len(endpoints) > 1 and len(metrics) != len(endpoints):
         raise _bad(
             msource,
@@ -775,10 +783,6 @@ def _endpoints(config: pytest.Config, values: dict[str, Any], notes: list[str]) 
 
 #: the environment's proxy settings, which the plugin does not use (aiohttp's trust_env off)
 PROXY_VARIABLES = frozenset(("http_proxy", "https_proxy", "all_proxy"))
-PROXY_NOTE_END = (
-    "not used: the plugin connects to the server directly (through a proxy, the proxy's own "
-    "time would be measured as the server's)"
-)
 #: query parameters that carry a secret (a gateway's ``?api_key=``, ``?token=``)
 _SECRET_PARAMS = frozenset(
     ("key", "api_key", "apikey", "api-key", "token", "access_token", "auth", "password", "secret")
@@ -801,19 +805,6 @@ def _url_problem(url: str, query: bool) -> str | None:
             "http://127.0.0.1:8000"
         )
     return None
-
-
-def _url_shown(url: str) -> str:
-    """``url`` as a line may show it: its credentials and its query string's values hidden."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host += f":{parts.port}"
-    if parts.username is not None or parts.password is not None:
-        host = "…@" + host
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
-    query = "&".join(f"{k}=…" for k, _ in pairs) if pairs else parts.query and "…"
-    return urlunsplit((parts.scheme, host, parts.path, query, "…" if parts.fragment else ""))
 
 
 def _rank(source: str) -> int:
