@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from pytest_llmspeed.core.errors import MalformedAnswer
-from pytest_llmspeed.core.wire import parse_stream
+from pytest_llmspeed.core.errors import AnswerTooLarge, MalformedAnswer
+from pytest_llmspeed.core.wire import StreamTally, parse_stream
 
 
 def reference_events(stream: bytes) -> list[str]:
@@ -118,3 +118,14 @@ def test_an_event_that_is_not_json_over_its_lines_still_fails_its_request():
     data = b'data: {"choices": [\ndata: {"text": "a"}\n\ndata: [DONE]\n\n'
     with pytest.raises(MalformedAnswer, match="not a JSON object"):
         parse_stream([(1.0, data)])
+
+
+def test_an_event_that_never_ends_is_refused_within_its_bound():
+    """A server that sends data: lines of one event and never the blank line that ends it
+    (a read at a time): refused once the event passes its bound, not held and re-scanned
+    for ever."""
+    tally = StreamTally()
+    tally.feed(0.0, b"data: {\n")
+    with pytest.raises(AnswerTooLarge, match="more than 1000 data: lines"):
+        for i in range(2000):
+            tally.feed(float(i), b"data: x\n")

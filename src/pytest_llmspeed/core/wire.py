@@ -523,7 +523,7 @@ class StreamTally:
                 joined, pos = self._joined(data, payload, pos)
                 if joined is None:  # its next line may be in the next read: wait for it
                     self.carry = data[start:] + self.carry
-                    break
+                    break  # (bounded: _data_lines refuses an event of too many lines)
                 if joined is not payload:
                     payload, obj = joined, _object(joined)
             if obj is None:
@@ -671,11 +671,17 @@ class StreamTally:
         return "".join(self.text or ())
 
 
+#: the most ``data:`` lines one event may have (a pretty-printed chunk has tens): past it a
+#: server that never ends its event would make every read scan a growing event again
+MAX_EVENT_LINES = 1000
+
+
 def _data_lines(data: bytes, pos: int) -> tuple[list[bytes], int, bool]:
     """The ``data:`` lines from ``pos`` up to the next line that is not one (their values),
-    where that line starts, and whether the read holds that line (False: the read ended)."""
+    where that line starts, and whether the read holds that line (False: the read ended).
+    :class:`AnswerTooLarge` past :data:`MAX_EVENT_LINES` or :data:`MAX_LINE` bytes."""
     values: list[bytes] = []
-    size = len(data)
+    size, first = len(data), pos
     while pos < size:
         end = data.find(b"\n", pos)
         end = size if end < 0 else end
@@ -684,6 +690,11 @@ def _data_lines(data: bytes, pos: int) -> tuple[list[bytes], int, bool]:
             return values, pos, True
         values.append(line[5:].strip())
         pos = end + 1
+        if len(values) > MAX_EVENT_LINES or pos - first > MAX_LINE:
+            raise AnswerTooLarge(
+                "stream",
+                f"sent an event of more than {MAX_EVENT_LINES} data: lines or {MAX_LINE >> 20} MiB",
+            )
     return values, pos, False
 
 
