@@ -141,7 +141,12 @@ class ABRun:
         self.ledger.prior = pooled(taken)
 
     def label(self, index: int) -> str:
-        return f"round {index + 1}/{self.max_rounds} {self.ledger.arm(index)} · "
+        """``round 3/16 new · ``; under a budget that decides the rounds, no total (400 is a
+        bound, not a plan): ``round 3 new · ``."""
+        from .settings import BUDGET_ROUNDS
+
+        of = "" if self.max_rounds == BUDGET_ROUNDS else f"/{self.max_rounds}"
+        return f"round {index + 1}{of} {self.ledger.arm(index)} · "
 
     def end_round(self) -> None:
         """The round's cells that have no figures (failed, error, skipped) into the ledger,
