@@ -30,15 +30,17 @@ def glob(text: str) -> str:
 
 
 def test_a_confirmed_cell_prints_the_mean_it_was_judged_on_everywhere(pytester, monkeypatch):
-    """Chance: decode 20 % slower against a one-run baseline at 5 %: each attempt misses far
-    beyond both intervals (measured −17 %, intervals ±3 %), so every confirmation is taken and
-    the cell regresses; what is asserted is that the outputs agree, whatever the figures."""
+    """Chance: decode twice as slow against a one-run baseline at 5 %: each attempt misses by
+    about 50 %, far beyond both intervals (±3 % measured; a loaded machine moved the 20 %
+    slower decode this test first used to −17 % and once out of its regression), so every
+    confirmation is taken and the cell regresses; what is asserted is that the outputs agree,
+    whatever the figures."""
     sim = "--llm-endpoint=sim:tiny?speed=1&seed=3"
     pytester.runpytest(sim, *ARGS, "--llm-save-baseline=b.toml").assert_outcomes(passed=1)
     summary = pytester.path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     result = pytester.runpytest(
-        f"{sim}&slower=decode:0.2", *ARGS, "--llm-baseline=b.toml", "--llm-confirm=2",
+        f"{sim}&slower=decode:1.0", *ARGS, "--llm-baseline=b.toml", "--llm-confirm=2",
         "--llm-results=r.json", "--junitxml=j.xml", "--llm-html=p.html",
     )  # fmt: skip
     assert result.ret == 1

@@ -19,7 +19,7 @@ def test_the_workflows_ab_step_fails_a_slower_new_version(tmp_path):
     cell's interval would have to stretch over 45 points to reach it."""
     assert "--llm-unknown=warn" in step_script() and '--llm-budget="$LLM_BUDGET"' in step_script()
     args = argparse.Namespace(
-        speed=10.0,
+        speed=2.0,  # far below what a loaded machine serves (test_ab.py, SPEED)
         matrix="--llm-contexts=1K --llm-concurrency=1 --llm-duration=1 --llm-max-output=128",
         budget="20s",
         timeout=600.0,
