@@ -712,6 +712,9 @@ class FlagKind(StrEnum):
     NOT_REFEREED = "not_refereed"
     #: the streams named more than one model (several backends behind one endpoint?)
     MODELS = "models"
+    #: the server has a tokenize route, but it failed on the text received: the usage was not
+    #: re-counted (core/recount.py; the detail: the error)
+    NOT_RECOUNTED = "not_recounted"
 
 
 _FLAG_KINDS = frozenset(k.value for k in FlagKind)
@@ -744,6 +747,10 @@ _FLAG_WORDS = {
     FlagKind.NOT_REFEREED: (
         "not refereed: ",
         " (the tokens received were not checked against the server's generation counter)",
+    ),
+    FlagKind.NOT_RECOUNTED: (
+        "usage not re-counted: ",
+        " (the usage was not checked against the text received)",
     ),
 }
 

@@ -72,6 +72,7 @@ RUNS |= {
     "after_done": Spec("after_done", MID),
     # usage that does not count what was sent, refereed by the stream and the counter
     "usage_double": Spec("usage_double", MID),
+    "usage_double_blind": Spec("usage_double_blind", MID),
     "usage_half": Spec("usage_half", MID),
     "usage_first": Spec("usage_first"),
     "close_after_headers": Spec("close_after_headers", MID),
@@ -395,6 +396,8 @@ EXPECT: dict[str, Check] = {
         fails_requests("usage counts more tokens than it sent"),
         no_words("lagging", "lags", unless="not a lagging"),
     ),
+    # twice, and no /metrics: the text re-count (core/recount.py) finds one token a chunk
+    "usage_double_blind": fails_requests("counts more tokens than the stream carried"),
     # half: each chunk with text carries a token, so the usage is refused at the stream's end
     "usage_half": fails_requests("fewer than the"),
     # a usage-only first chunk: the TTFT waits for the first chunk with a token (its text

@@ -56,6 +56,7 @@ from .probe import (
     snapshot,
 )
 from .prompts import PromptFactory
+from .recount import Recount, recount_or_why
 from .replicas import ReplicaSet, sum_snapshots
 from .server_figures import (
     ALL_FAMILIES,
@@ -390,6 +391,8 @@ class DecodeResult:
     #: of the cell carried reasoning (tool-call deltas: where none came)
     reasoning: ReasoningFigures | None = None
     tool_call_deltas: int | None = None
+    #: the text re-count of the cell's first requests (core/recount.py); None: none re-counted
+    recount: Recount | None = None
     client_cpu: float | None = None  # cores they used over the window, together
     #: the server's values over the window: busy at its start, /metrics that did not parse,
     #: values refused, counters that went back (:func:`_window_flags`)
@@ -552,6 +555,7 @@ async def run_decode(
     # a stream task that ended in an exception at the close is the cell's reason too
     aborted = aborted or streams.aborted
     await tokenize_cut(records, factory.tokenizer, max_output)  # after the cell
+    recount, not_recounted = await recount_or_why(records, factory.tokenizer)
     # the window's /metrics texts, parsed now that the streams are closed: each once, for the
     # referee and the queue (MetricsSnapshot) and the server's figures (ServerSnapshot) alike
     edges, gauges = (EDGE_FAMILIES, POLL_FAMILIES) if keep_server else (SNAPSHOT_FAMILIES,) * 2
@@ -601,6 +605,7 @@ async def run_decode(
         precision_goal=precision,
         ended_precise=ended_precise,
         server=server,
+        recount=recount,
         client_lag=max(lags, key=lambda lag: (lag.late_s, lag.max_ms)) if lags else None,
         client_cpu=sum(x.cpu_share or 0.0 for x in lags) if lags else None,
         client_processes=used,
@@ -612,6 +617,7 @@ async def run_decode(
             *unrefereed(
                 watch_metrics, before, span_open, span_close, result.generation_tokens_delta
             ),
+            *([Flag(FlagKind.NOT_RECOUNTED, not_recounted)] if not_recounted else []),
         ),
     )
 

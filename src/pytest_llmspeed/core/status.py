@@ -114,4 +114,6 @@ def _decode_status(result: DecodeResult, max_error_rate: float) -> CellStatus:
     disagreement = counter_disagreement(result)
     if disagreement:
         return failed(Status.FAILED, disagreement)
+    if result.recount is not None and result.recount.disagreement:
+        return failed(Status.FAILED, result.recount.disagreement)
     return VALID

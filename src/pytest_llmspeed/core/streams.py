@@ -16,6 +16,7 @@ from typing import Any
 from .client import Connection, Stop, StreamRecord
 from .errors import KeyRejected, LLMSpeedError
 from .prompts import PromptFactory
+from .recount import RECOUNT_SAMPLE
 from .replicas import ReplicaSet, stream_to
 from .text import for_person
 
@@ -155,6 +156,8 @@ class Streams:
             try:
                 body = await self.prompts.next()
                 rec = StreamRecord(keep_reads=self.keep_reads)
+                # the first requests keep their text for the re-count (core/recount.py)
+                rec.tally.recount = len(self.records) < RECOUNT_SAMPLE
                 self.records.append(rec)
                 await stream_to(self.conn, self.path, body, rec, self._first_token(slot), self.stop)
             except KeyRejected:

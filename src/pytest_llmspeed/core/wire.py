@@ -214,6 +214,9 @@ _NO_CONTENT = b'"content":""'
 _TOOL_CALLS = b'"tool_calls"'
 #: text pieces a stream without usage keeps before joining them (bounds their overhead)
 _TEXT_PIECES = 64
+#: the most output text a request of the re-count's sample keeps (256 K characters: 4,096
+#: tokens of text are about 20 K)
+RECOUNT_MAX_CHARS = 256 * 1024
 
 
 class StreamTally:
@@ -246,7 +249,8 @@ class StreamTally:
         "after_cr", "announced", "answer_time", "broken", "carry", "chat", "chunks", "closing",
         "completion_tokens", "details_reasoning", "done", "error", "error_event", "fast",
         "fed", "finish_reason", "limit", "mixed_chunks", "model", "output_chunks", "pending",
-        "prev", "prompt_tokens", "reasoning_chunks", "reasoning_rise", "seen_token", "text",
+        "prev", "prompt_tokens", "reasoning_chunks", "reasoning_rise", "recount", "seen_token",
+        "text",
         "text_times", "token_chunks", "tool_deltas", "tools", "usage_chunks", "usage_counts",
         "usage_times",
     )  # fmt: skip
@@ -277,6 +281,9 @@ class StreamTally:
         self.announced = 0
         self.text_times = array("d")  # events whose choices carry output
         self.text: list[str] | None = []  # output text, while the tokenizer may need it
+        #: a request of the text re-count's sample (core/recount.py): every event parsed and
+        #: its text kept to the end (up to RECOUNT_MAX_CHARS), whatever usage it carries
+        self.recount = False
         self.fed = False  # a read came
         self.broken: MalformedAnswer | None = None  # the stream broke the protocol here
         self.error_event = False  # an ``event: error`` line came: its data is the error
@@ -383,7 +390,9 @@ class StreamTally:
                 "count what it sent",
                 "usage.completion_tokens",
             )
-        if self.completion_tokens is not None or self.finish_reason == "length":
+        if (self.completion_tokens is not None or self.finish_reason == "length") and not (
+            self.recount
+        ):
             self.text = None
 
     def _count(self, t: float, data: bytes) -> bool:
@@ -494,6 +503,7 @@ class StreamTally:
             if (
                 self.seen_token
                 and not self.fast
+                and not self.recount
                 and self.chunks
                 and self.usage_chunks == self.chunks
                 and _CHOICES in line
@@ -659,6 +669,8 @@ class StreamTally:
                 self.seen_token = first = True
         if self.text is not None and len(self.text) > _TEXT_PIECES:
             self.text[:] = ["".join(self.text)]
+            if self.recount and len(self.text[0]) > RECOUNT_MAX_CHARS:
+                self.recount = False  # too long to re-count: the sample goes on without it
         return first
 
     @property

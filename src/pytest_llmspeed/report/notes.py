@@ -113,6 +113,11 @@ NOT_REFEREED = NoteKind(
     "against the server's count",
     "not refereed",
 )
+NOT_RECOUNTED = NoteKind(
+    "usage not re-counted: the server's tokenizer failed on the text received, so the usage "
+    "was not checked against the text the streams carried",
+    "not re-counted",
+)
 SEVERAL_MODELS = NoteKind(
     "the streams named several models: several backends behind one endpoint, whose figures "
     "the cell mixes",
@@ -139,6 +144,7 @@ KINDS = (
     USAGE_BEFORE_TOKENS,
     HELD_AFTER_DONE,
     NOT_REFEREED,
+    NOT_RECOUNTED,
     SEVERAL_MODELS,
 )
 #: the kinds a cell's flags give (``CellRecord.flags``), said after the kinds from its figures
@@ -149,6 +155,7 @@ _FROM_FLAGS = {
     FlagKind.USAGE_BEFORE_TOKENS: USAGE_BEFORE_TOKENS,
     FlagKind.HELD_AFTER_DONE: HELD_AFTER_DONE,
     FlagKind.NOT_REFEREED: NOT_REFEREED,
+    FlagKind.NOT_RECOUNTED: NOT_RECOUNTED,
     FlagKind.MODELS: SEVERAL_MODELS,
 }
 #: kinds a cell's own row only names (its flags' words, shown beside, say the rest)

@@ -176,6 +176,12 @@ CASES: dict[str, Case] = {
         "of max_tokens); the generation counter counts what was sent",
         True,
     ),
+    "usage_double_blind": Case(
+        "/v1/completions",
+        "usage.completion_tokens twice the tokens sent, as usage_double, and no /metrics (404): "
+        "no generation counter to referee it, only the text the streams carried",
+        True,
+    ),
     "usage_half": Case(
         "/v1/completions",
         "usage.completion_tokens half the tokens sent (rounded up); the counter counts them all",
@@ -705,6 +711,9 @@ class Hostile:
     async def metrics(self, req: Request, out: Writer) -> None:
         self.stats.metrics_reads += 1
         case = self.case
+        if case == "usage_double_blind":
+            await out.whole(404, _error("no such route", 404))
+            return
         if case == "metrics_slow" or (case == "metrics_slow_mid" and self.stats.metrics_reads > 3):
             await asyncio.sleep(self.o.delay)
         if case == "metrics_garbage":
@@ -815,7 +824,7 @@ class Hostile:
             self.stats.misbehaved += 1
         if max_tokens >= 32:
             self.decode_requests += 1
-        if bad and self.case == "usage_double":
+        if bad and self.case in ("usage_double", "usage_double_blind"):
             n = max(n // 2, 1)  # its usage says twice: max_tokens at the end
         stream = Stream(self, out, chat, prompt_tokens, n, finish, body, bad)
         self.running += 1
@@ -915,7 +924,7 @@ class Stream:
             count = DIGITS_MARK
         elif case == "tokens_10x":
             count = 10 * c
-        elif case == "usage_double":
+        elif case in ("usage_double", "usage_double_blind"):
             count = 2 * c
         elif case == "usage_half":
             count = (c + 1) // 2
