@@ -66,3 +66,30 @@ def test_a_public_csv_trace_is_replayed_without_its_empty_rows(
     assert cell["open_requests"] == kept and cell["open_completed"] == kept
     assert note in cell["notes"]
     assert cell["expected_hit_share"] == 0  # no hash ids: every prompt its own
+
+
+def test_a_trace_cell_has_its_progress_lines_numbered_with_the_matrix(pytester):
+    """A trace cell starts and ends with a line, as every cell does, counted with the matrix's
+    cells and saying how long its arrivals last at --llm-trace-speed (0.4 s of BurstGPT rows
+    at twice their speed: 0 s)."""
+    (pytester.path / "BurstGPT_1.csv").write_text(BURSTGPT)
+    result = pytester.runpytest(
+        f"--llm-endpoint={TINY}",
+        "--llm-trace=BurstGPT_1.csv",
+        "--llm-trace-speed=2",
+        "--llm-contexts=1K",
+        "--llm-concurrency=1",
+        "--llm-duration=1",
+        "--llm-max-output=32",
+        "-p",
+        "no:randomly",
+    )
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(
+        [
+            "[[]1/3] prefill[[]1K] · cold prefill · *",
+            "[[]2/3] decode[[]1K-c1] · window 1 s · *",
+            "[[]3/3] trace[[]BurstGPT_1] · trace replayed at its times (0 s of arrivals) · *",
+            "[[]3/3] trace[[]BurstGPT_1]: 3/3 requests · * req/s done (took * s)*",
+        ]
+    )

@@ -538,15 +538,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         if skip:
             item.add_marker(pytest.mark.skip(reason=skip.reason))
     cells = run.selection.cells
-    if session.config.getoption("verbose") >= 0 and cells:
+    traces = list(run.selection.trace_cells.values())
+    if session.config.getoption("verbose") >= 0 and (cells or traces):
         from .progress import Progress
 
         progress = Progress(
-            run.settings.duration, len(cells), early_end=run.settings.precision is not None
+            run.settings.duration,
+            len(cells) + len(traces),
+            early_end=run.settings.precision is not None,
         )
         progress.plan = [
             (c, run.server.resolve(c.context), run.server.skip(c) is not None) for c in cells
-        ]
+        ] + [(c, None, False) for c in traces]  # a trace: its own times, no window
+        speed = run.settings.trace_speed or 1.0
+        progress.replay_s = {c: s / speed for c, s in run.selection.trace_spans.items()}
         # a test of yours that names its cell when it runs: counted as one decode window
         progress.open_cells = {run.selection.node_cells[n] for n in run.selection.open}
         run.show_progress(progress)

@@ -92,6 +92,8 @@ class Progress:
     run_label: str = ""
     #: the planned cells of the tests that name theirs when they run (a decode window each)
     open_cells: set[CellId] = field(default_factory=set)
+    #: a trace cell → its replay's length in seconds (its span at --llm-trace-speed)
+    replay_s: dict[CellId, float] = field(default_factory=dict)
     #: the running test's rerun (pytest-rerunfailures), 0 on its first run
     rerun: int = 0
     #: cells their first measurement did not decide, measured again after the others
@@ -150,6 +152,8 @@ class Progress:
                     left += tokens / rate
             if cid.phase in (Phase.DECODE, Phase.RATE) or cid in self.open_cells:
                 left += self.window_s + overhead
+            elif cid.phase is Phase.TRACE:
+                left += self.replay_s.get(cid, 0.0) + overhead
         return left
 
     def start_line(self, cid: CellId, *, warmup: bool = False, measured: bool = False) -> str:
@@ -165,13 +169,17 @@ class Progress:
         elif cid.phase is Phase.RATE:
             what = f"open loop, sending for {self.window_s:g} s"
         elif cid.phase is Phase.TRACE:
-            what = "trace replayed at its times"
+            span = self.replay_s.get(cid)
+            what = "trace replayed at its times" + (
+                f" ({duration_words(span)} of arrivals)" if span is not None else ""
+            )
         elif cid.phase is Phase.CONVERSATION:
             what = f"{cid.concurrency} users in step through {cid.turns} turns"
         else:
             what = "measured when its prefix was warmed" if measured else "cold prefill"
         elapsed = clock(time.monotonic() - self.started)
         left = self.left_s() + (self.window_s if cid.phase is Phase.DECODE or warmup else 0.0)
+        left += self.replay_s.get(cid, 0.0)
         return (
             f"{self.name(cid, warmup)} · {what} · elapsed {elapsed} · "
             f"about {duration_words(left)} left"
@@ -344,9 +352,10 @@ class ProgressReporter:
         from .stash import RUN_KEY
 
         run = self.config.stash.get(RUN_KEY, None)
-        if run is None or run.progress is None or nodeid not in run.selection.node_cells:
+        if run is None or run.progress is None:
             return None
-        return run.progress, run.selection.node_cells[nodeid], run.store.cells
+        cid = run.selection.node_cells.get(nodeid) or run.selection.trace_cells.get(nodeid)
+        return None if cid is None else (run.progress, cid, run.store.cells)
 
     def _is_open(self, nodeid: str) -> bool:
         """Does this test name its cell only when it runs (:func:`.selection.is_open`)?"""

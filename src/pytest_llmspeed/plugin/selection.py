@@ -154,6 +154,8 @@ class Selection:
         self.open: set[str] = set()
         self.needs_server = False  # a selected test uses the server
         self.traces: list[str] = []  # the names of the selected trace cells
+        self.trace_cells: dict[str, CellId] = {}  # test node id → its trace cell
+        self.trace_spans: dict[CellId, float] = {}  # a trace cell → its trace's span (s)
 
     def mark_own(self, items: list[pytest.Item]) -> None:
         """Mark the user's tests that use the ``llm_*`` fixtures ``llmspeed``, before ``-m``
@@ -206,12 +208,18 @@ class Selection:
         self.node_cells = {i.nodeid: i.stash[CELL_KEY] for i in measured}
         self.open = {i.nodeid for i in measured if is_open(i)}
         self.needs_server = any(needs_server(i) for i in items)
-        # a trace's cell is named when it runs (its name is no context): the header's words
-        self.traces = [
-            str(i.callspec.params["llm_trace"].name)  # type: ignore[attr-defined]
+        # a trace's cell (its name is no context: not a cell of the matrix, the gate's plan
+        # or the A/B's rounds): the header's words and the progress lines
+        from ..results import CellId
+
+        replays = {
+            i.nodeid: i.callspec.params["llm_trace"]  # type: ignore[attr-defined]
             for i in items
             if "llm_trace" in getattr(getattr(i, "callspec", None), "params", {})
-        ]
+        }
+        self.trace_cells = {n: CellId.trace(str(t.name)) for n, t in replays.items()}
+        self.trace_spans = {CellId.trace(str(t.name)): float(t.span_s) for t in replays.values()}
+        self.traces = [str(c.context) for c in self.trace_cells.values()]
 
     def phases(self) -> set[Phase]:
         """The kinds of the selected cells (a test of yours that names its cell when it runs
