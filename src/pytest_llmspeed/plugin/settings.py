@@ -60,313 +60,280 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option(
         "endpoint",
-        "base URL of an OpenAI-compatible server (http://host:8000), or 'sim' / "
-        "'sim:PROFILE?speed=10&noise=0.03' for the built-in simulator. Several URLs "
-        "(comma-separated, or the option repeated; one per line in the ini file) are the "
-        "replicas of one model: the streams are spread over them ('sim:PROFILE?replicas=2' "
-        "for simulated ones). Without it the plugin does nothing.",
+        "OpenAI-compatible URL or sim[:PROFILE]; several: replicas; none: plugin off",
         env=("LLMSPEED_ENDPOINT",),
         repeat=True,
     ),
     Option("model", "served model name (default: the server's first model)"),
     Option(
         "metrics-url",
-        "where /metrics lives, when the endpoint has none (a router): one URL per replica "
-        "(comma-separated, or the option repeated), e.g. http://10.0.0.5:8000/metrics; with "
-        "several endpoints, one per endpoint in the same order",
+        "the /metrics URL of each replica, where the endpoint has none (a router); "
+        "comma-separated or repeated",
         repeat=True,
     ),
     Option(
         "api-key",
-        "API key sent as a Bearer token (never printed)",
+        "API key, sent as a Bearer token, never printed",
         env=("LLMSPEED_API_KEY", "OPENAI_API_KEY"),
     ),
     Option(
         "api",
-        "which endpoint to measure: completions (token-id prompts) or chat",
+        "which endpoint to measure: completions or chat",
         default="completions",
         choices=("completions", "chat"),
     ),
     Option(
         "tools",
-        "chat requests offer one built-in function with tool_choice 'required': the answer "
-        "streams as tool-call deltas, counted (needs --llm-api=chat)",
+        "chat requests must call a built-in function; the tool-call deltas are counted (needs "
+        "--llm-api=chat)",
         default="false",
         switch=True,
     ),
     Option(
         "prompt-form",
-        "completions prompts as token ids (exact by construction) or as text sized with the "
-        "server's /tokenize (servers that take no token ids; what text-only benchmarks send). "
-        "Chat prompts are always text.",
+        "send completions prompts as token ids or as text",
         default="ids",
         choices=("ids", "text"),
     ),
     Option(
         "contexts",
-        "decode contexts, e.g. 8K,16K,max (K = 1024 tokens; max = the largest "
-        "prompt that fits with the output)",
+        "decode contexts, e.g. 8K,16K,max (K = 1024 tokens)",
         default=DEFAULT_CONTEXTS,
     ),
     Option(
         "prefill-contexts",
-        "prefill contexts (default: the decode contexts); also 'limit', the largest prompt the "
-        "server accepts with one output token (max_model_len − 1), e.g. 8K,128K,max,limit",
+        "prefill contexts, also limit (max_model_len − 1) (default: the decode contexts)",
     ),
     Option(
         "concurrency",
-        "requests kept in flight in decode cells, e.g. 1,2,4,8",
+        "requests in flight per decode cell",
         default=DEFAULT_CONCURRENCY,
     ),
     Option(
         "duration",
-        "seconds of each decode cell's measurement window (on a terminal, a live line shows it "
-        "as it runs; not with -q, nor where TERM=dumb). Under pytest-timeout (--timeout, "
-        "PYTEST_TIMEOUT, the timeout marker) a cell past its test's limit is cut",
+        "seconds of each decode window; live line unless -q or TERM=dumb; PYTEST_TIMEOUT cuts it",
         default="30",
     ),
     Option(
         "precision",
-        "end a decode cell's window early once the 95 % interval of its total tok/s is within "
-        "this fraction of it, e.g. 2% or 0.02 (after --llm-min-duration; --llm-duration at "
-        "the latest). Off by default: fixed windows, comparable with the reference page",
+        "end a decode window early once its 95 % interval is within this fraction, e.g. 2% "
+        "(default: off)",
     ),
     Option(
         "min-duration",
-        "seconds a decode window lasts at least when --llm-precision may end it early",
+        "seconds a window lasts at least with --llm-precision",
         default="5",
     ),
     Option(
         "prefill-repeats",
-        "cold requests per prefill cell, each on a fresh prefix; the cell's TTFT is their "
-        "median (default: 6 when a baseline is saved or gated, so the gate judges the prefill "
-        "with its noise; 12 in an A/B; else 1)",
+        "cold requests per prefill cell, TTFT their median (default: 1; 6 with a baseline, 12 "
+        "in an A/B)",
     ),
     Option("max-output", "max_tokens of every decode request", default="4096"),
     Option(
         "rates",
-        "open-loop arrival rates in requests per second, e.g. 0.5,2,8: a rate cell per "
-        "context and rate (rate[8K-r2], marker rate) sends requests at those times for "
-        "--llm-duration whatever the server does; its latencies count from each request's "
-        "scheduled send (docs/workloads.md)",
+        "open-loop arrival rates (req/s), e.g. 0.5,2,8: a cell per context and rate",
     ),
     Option(
         "burstiness",
-        "the rate cells' arrivals: the shape of the gamma distribution of the gaps between "
-        "sends (1: a Poisson process; below 1 burstier, above 1 more even; the mean gap stays "
-        "1/rate), as vLLM bench serve's --burstiness",
+        "rate cells' gamma gap shape: 1 Poisson, below 1 burstier",
         default="1",
     ),
-    Option(
-        "rate-seed",
-        "the seed the rate cells' arrival times are drawn from (the same seed, the same arrivals)",
-        default="0",
-    ),
+    Option("rate-seed", "seed of the rate cells' arrival times", default="0"),
     Option(
         "trace",
-        "replay this trace of requests at its times: Mooncake JSONL (timestamp in ms, "
-        "input_length, output_length, optional hash_ids of 512-token prefix blocks) or a CSV "
-        "(the Azure LLM inference traces, BurstGPT, or a header naming a time and the input "
-        "and output tokens), told by its content; its first 100,000 requests: the cell "
-        "trace[NAME], marker trace (docs/workloads.md)",
+        "replay this request trace: Mooncake JSONL, Azure or BurstGPT CSV",
     ),
-    Option(
-        "trace-speed",
-        "replay --llm-trace this many times faster (2: twice as fast; 0.5: half as fast)",
-        default="1",
-    ),
+    Option("trace-speed", "replay --llm-trace this many times faster", default="1"),
     Option(
         "prompt-text",
-        "make every prompt of this text: a UTF-8 text file, or a .jsonl dataset of prompts "
-        "(each line an object with a string prompt or text, a ShareGPT conversations list, "
-        "or a JSON string; joined with blank lines), sized exactly with the server's "
-        "tokenizer, so that speculative decoding's acceptance and prefix caching see your "
-        'text, not the fixed list\'s words (docs/workloads.md, "Your own text")',
+        "make every prompt of this text: a UTF-8 text file or a .jsonl of prompts",
     ),
-    Option(
-        "turns",
-        "conversations of this many turns: a cell per context and concurrency "
-        "(conversation[8K-u4-t3], marker conversation), as many users as the concurrency, in "
-        "step, each turn's prompt every earlier turn (prompts and answers) and a new message; "
-        "per turn the server's prefix-cache hit rate beside the share it should hit "
-        "(docs/workloads.md)",
-    ),
-    Option(
-        "turn-tokens", "tokens of the new user message of each turn after the first", default="256"
-    ),
+    Option("turns", "conversations of this many turns: a cell per context and concurrency"),
+    Option("turn-tokens", "tokens of each turn's new message after the first", default="256"),
     Option("turn-output", "max_tokens of each answer of a conversation", default="256"),
     Option("think-time", "seconds between a conversation's turns", default="1"),
     Option(
         "client-processes",
-        "client processes that read a decode cell's streams, each with its own event loop: a "
-        "number, or auto (one, and one more for the next cells whenever a cell's client used "
-        "most of a core or fell behind); docs/client-at-scale.md",
+        "client processes reading each decode cell's streams, or auto",
         default="1",
     ),
     Option(
         "slo",
-        "service-level objectives on decode cells, e.g. "
-        "'ttft_p90<=2s,tbt_p90<=50ms,per_request_tok_s>=20': each cell meets, misses or is "
-        "too close to call, its goodput is counted, and each context's capacity (the most "
-        "requests that meet them) is reported and gated (docs/slo.md)",
+        "objectives on decode cells, e.g. ttft_p90<=2s,tbt_p90<=50ms: goodput and capacity, gated",
     ),
     Option("kv-capacity", "KV-cache capacity in tokens (default: read from the server)"),
-    Option(
-        "max-model-len",
-        "the server's max_model_len in tokens, for servers that do not report it (default: "
-        "read from /v1/models, else from /tokenize)",
-    ),
+    Option("max-model-len", "max_model_len in tokens, where the server does not report it"),
     Option(
         "results",
-        "write JSON results to this path, rewritten after every cell. Where "
-        "GITHUB_STEP_SUMMARY names a file (GitHub Actions), the run's summary is also added "
-        "to it, results file or not",
+        "write JSON results to this path after every cell; the summary also goes to "
+        "GITHUB_STEP_SUMMARY",
     ),
     *(Option(o.key, f"write {o.help} to this path, rewritten after every cell") for o in OUTPUTS),
-    Option(
-        "compare",
-        "compare this run with an earlier results file: a verdict per cell in the summary, "
-        "the page and the job summary",
-    ),
+    Option("compare", "compare with an earlier results file: a verdict per cell"),
     Option(
         "meta",
-        "what the server cannot tell, as KEY=VALUE (repeatable; one per line in the ini "
-        'file), e.g. hardware="H200 NVL" build=cuda-13.2; on the page and in the results',
+        'what the server cannot tell, as KEY=VALUE, e.g. hardware="H200 NVL" (repeatable)',
         repeat=True,
     ),
     Option(
         "serve",
-        "start the server under test with this command ({port}: a free loopback port, else "
-        "the command's --port), wait until it answers, stop it at the end; the endpoint is "
-        "derived from it. A simulator spec (`sim:tiny?slower=decode:0.1`) stands for the "
-        "simulator's command",
+        "start the server with this command ({port}: a free port), stop it at the end; or a "
+        "sim: spec",
     ),
     Option(
         "serve-timeout",
-        "seconds --llm-serve waits for the server to answer /health or /v1/models",
+        "seconds --llm-serve waits for the server to answer",
         default="900",
     ),
     Option(
         "serve-log",
-        "where the output of --llm-serve's command goes (default: llmspeed-serve.log next to "
-        "the results, or in the current folder)",
+        "file for --llm-serve's output (default: llmspeed-serve.log by the results)",
     ),
-    Option(
-        "launch-command",
-        "how the server was started, recorded with its secrets redacted (--api-key VALUE, "
-        "bearer tokens, *_KEY= / *_TOKEN= assignments)",
-    ),
+    Option("launch-command", "how the server was started, recorded with its secrets redacted"),
     Option(
         "timeout",
-        "seconds to wait for a connection, a stream's first token, each next token (bytes that "
-        "are not tokens do not count) or a whole non-streamed answer; a request's total is "
-        "bounded by it plus max_tokens at 1 tok/s",
+        "seconds to wait for a connection, a token or an answer",
         default="120",
     ),
     Option(
         "max-error-rate",
-        "fraction of failed requests above which a decode cell fails",
+        "failed-request fraction above which a decode cell fails",
         default="0.05",
     ),
-    Option(
-        "baseline",
-        "gate every measured cell on the floors and ceilings of this baseline file (TOML)",
-    ),
+    Option("baseline", "gate every measured cell on this baseline file (TOML)"),
     Option(
         "save-baseline",
-        "write this run's cells as a baseline file (TOML) at the end; a file already there "
-        "that holds runs of the same settings and server gets this run added to it",
+        "write this run's cells as a baseline file (TOML); one of the same settings gets the "
+        "run added",
     ),
     Option(
         "runs",
-        "measure the selected matrix this many times, restarting the server between runs, and "
-        "add each run to --llm-save-baseline (needs a server the plugin starts: --llm-serve "
-        "or the simulator)",
+        "measure the matrix this many times, restarting the server, each run into "
+        "--llm-save-baseline",
         default="1",
     ),
     Option(
         "baseline-strict",
-        "a baseline taken with other settings or another model is an error, not a warning",
+        "a baseline of other settings or another model is an error, not a warning",
         default="false",
         switch=True,
     ),
     Option(
         "confirm",
-        "re-measure a cell that misses its baseline this many more times; it fails only if "
-        "every measurement misses",
+        "times to re-measure a cell that misses its baseline",
         default="1",
     ),
     Option(
         "baseline-missing",
-        "a baseline cell this run selected but could not measure (over capacity, does not fit, "
-        "refused, server stopped): fail the run, or warn",
+        "a baseline cell selected but not measured: fail or warn",
         default="fail",
         choices=("fail", "warn"),
     ),
     Option(
         "serve-baseline",
-        "the old version's server command, for an A/B against --llm-serve (the new one): the "
-        "plugin starts old and new alternately, each round (the selected cells) on a fresh "
-        "start, in ABBA order, and judges each cell regressed, improved, same or unknown from "
-        "the paired changes (docs/gate.md)",
+        "the old version's server command, for an A/B against --llm-serve",
     ),
     Option(
         "endpoint-baseline",
-        "the old version's URL, for an A/B against --llm-endpoint between two servers the "
-        "plugin does not start: rounds alternate between them with no restarts (the spread "
-        "between starts is then unknown, and two machines differ: docs/gate.md)",
+        "the old version's URL, for an A/B against --llm-endpoint (no restarts)",
     ),
     Option(
         "ab-rounds",
-        "the most rounds of an A/B (a round: the selected cells on one start), in blocks of "
-        "four (old, new, new, old, or new, old, old, new); the first two blocks always run, "
-        "later ones only for the cells still unknown. With --llm-budget and no value here, "
-        "the budget decides (at most 400)",
+        "the most rounds of an A/B, in blocks of four",
         default="16",
     ),
-    Option(
-        "ab-seed",
-        "the seed an A/B draws each block's order from (old, new, new, old, or its mirror); "
-        "default: a fresh one, written in the results file's 'ab' as 'seed': give it to "
-        "repeat an A/B's order",
-    ),
+    Option("ab-seed", "seed of the blocks' order, to repeat an A/B (default: a fresh one)"),
     Option(
         "ab-prior",
-        "earlier A/Bs' results files (comma-separated) whose spread between starts is pooled "
-        "with this A/B's own by degrees of freedom, so that two blocks can show an unchanged "
-        "cell the same; refused for a file from another machine or model, and when this "
-        "A/B's spread is wider than theirs beyond chance (docs/gate.md)",
+        "pool the spread between starts with these earlier A/Bs' results files",
     ),
     Option(
         "tolerance",
-        "the change a verdict tolerates, as a percentage or a fraction (5% or 0.05): a cell is "
-        "regressed when worse by more beyond the noise, same when shown within it. The A/B's; "
-        "given, also the stored gate's (over the baseline file's default; a cell's own "
-        "tolerance in the file stays) and the default written into a baseline saved with it",
+        "the change a verdict tolerates, e.g. 5% or 0.05",
         default="5%",
     ),
-    Option(
-        "budget",
-        "the most time spent measuring again, as seconds or with a unit (900, 90s, 10m, 1h): "
-        "an A/B's rounds after its first two blocks (only the cells still unknown or missing), "
-        "the baseline gate's re-measurements, made after every cell's first measurement, the "
-        "unknown cells before the misses to confirm",
-    ),
+    Option("budget", "the most time spent measuring again: 900, 90s, 10m, 1h (default: no limit)"),
     Option(
         "unknown",
-        "what a cell too noisy to judge does to the exit status: warn (the run passes and "
-        "says which cells, and how many more measurements would decide them) or fail",
+        "a cell too noisy to judge: warn (the run passes) or fail",
         default="warn",
         choices=("warn", "fail"),
     ),
     Option(
         "builtin-suite",
-        "run the built-in matrix: auto (when asked for: -m decode/prefill/llmspeed, a "
-        "measurement or a verdict asked on the command line, or no test collected; never when "
-        "selected tests of your own use the llm_* fixtures), always, or never",
+        "run the built-in matrix: auto (when asked for: docs/measure.md), always or never",
         default="auto",
         choices=("auto", "always", "never"),
     ),
+)
+
+#: ``pytest --help``'s groups, in order: a title and its options' names (every option in one;
+#: one left out lands in "llmspeed: other"); the full text of each is in docs/options.md
+HELP_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "connection",
+        (
+            "endpoint",
+            "metrics-url",
+            "model",
+            "api-key",
+            "api",
+            "prompt-form",
+            "timeout",
+            "kv-capacity",
+            "max-model-len",
+        ),
+    ),
+    (
+        "matrix",
+        (
+            "contexts",
+            "prefill-contexts",
+            "concurrency",
+            "duration",
+            "precision",
+            "min-duration",
+            "prefill-repeats",
+            "max-output",
+            "client-processes",
+            "builtin-suite",
+        ),
+    ),
+    (
+        "workloads",
+        (
+            "rates",
+            "burstiness",
+            "rate-seed",
+            "trace",
+            "trace-speed",
+            "turns",
+            "turn-tokens",
+            "turn-output",
+            "think-time",
+            "prompt-text",
+            "tools",
+        ),
+    ),
+    (
+        "gate",
+        (
+            "baseline",
+            "save-baseline",
+            "baseline-strict",
+            "baseline-missing",
+            "confirm",
+            "tolerance",
+            "budget",
+            "unknown",
+            "max-error-rate",
+            "slo",
+        ),
+    ),
+    ("A/B", ("serve-baseline", "endpoint-baseline", "ab-rounds", "ab-seed", "ab-prior")),
+    ("outputs", ("results", *(o.key for o in OUTPUTS), "compare", "meta")),
+    ("launch", ("serve", "serve-log", "serve-timeout", "runs", "launch-command")),
 )
 
 
@@ -514,30 +481,49 @@ def slo_text(bounds: tuple[Any, ...]) -> str:
 
 
 def add_options(parser: pytest.Parser) -> None:
-    group = parser.getgroup("llmspeed", "LLM serving speed tests (pytest-llmspeed)")
-    for opt in OPTIONS:
-        # argparse formats help with %: a literal one is %%
-        opt = dataclasses.replace(opt, help=opt.help.replace("%", "%%"))
-        extra = f" [env: {', '.join(opt.env)}]" if opt.env else ""
-        default = f" (default: {opt.default})".replace("%", "%%") if opt.default else ""
-        if opt.repeat:
-            group.addoption(
-                opt.flag, dest=opt.dest, action="append", default=None, help=opt.help + extra
-            )
-            parser.addini(opt.ini, help=opt.help.replace("%%", "%"), type="linelist", default=[])
+    """The options in ``pytest --help``'s groups (HELP_GROUPS), each help a line or two; the
+    ini twins' help one line (docs/options.md has the full text of each)."""
+    by_name = {o.name: o for o in OPTIONS}
+    grouped = {name for _, names in HELP_GROUPS for name in names}
+    groups = [*HELP_GROUPS, ("other", tuple(o.name for o in OPTIONS if o.name not in grouped))]
+    for i, (title, names) in enumerate(groups):
+        if not names:
             continue
-        if opt.switch:
-            group.addoption(
-                opt.flag,
-                dest=opt.dest,
-                action="store_const",
-                const="true",
-                default=None,
-                help=opt.help + extra,
-            )
-        else:
-            group.addoption(opt.flag, dest=opt.dest, default=None, help=opt.help + default + extra)
-        parser.addini(opt.ini, help=(opt.help + default).replace("%%", "%"), default=None)
+        name = f"llmspeed: {title}"
+        group = parser.getgroup(name, f"{name} (every option: docs/options.md)" if i == 0 else "")
+        for opt_name in names:
+            _add_option(parser, group, by_name[opt_name])
+
+
+def _add_option(parser: pytest.Parser, group: pytest.OptionGroup, opt: Option) -> None:
+    # argparse formats help with %: a literal one is %%
+    extra = f" [env: {', '.join(opt.env)}]" if opt.env else ""
+    default = f" (default: {opt.default})" if opt.default else ""
+    if opt.repeat:
+        group.addoption(
+            opt.flag,
+            dest=opt.dest,
+            action="append",
+            default=None,
+            help=(opt.help + extra).replace("%", "%%"),
+        )
+        parser.addini(opt.ini, help=f"as {opt.flag}, one value a line", type="linelist", default=[])
+        return
+    if opt.switch:
+        group.addoption(
+            opt.flag,
+            dest=opt.dest,
+            action="store_const",
+            const="true",
+            default=None,
+            help=(opt.help + extra).replace("%", "%%"),
+        )
+        parser.addini(opt.ini, help=f"as {opt.flag}: true or false{default}", default=None)
+        return
+    group.addoption(
+        opt.flag, dest=opt.dest, default=None, help=(opt.help + default + extra).replace("%", "%%")
+    )
+    parser.addini(opt.ini, help=f"as {opt.flag}{default}", default=None)
 
 
 def raw_values(config: pytest.Config, opt: Option) -> list[tuple[str, str]]:
