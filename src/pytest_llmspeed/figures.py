@@ -150,6 +150,36 @@ FIGURES: tuple[Figure, ...] = (
         listed=True,
     ),
     _F("bandwidth_from", "decode", "bandwidth from", kind=str, optional=True),
+    # every gap and every finished request (docs/metrics.md, "Inter-token latency" and
+    # "End-to-end latency"), each percentile beside its sample (a p90 from 10 values, a p99
+    # from 100: "A percentile and its sample")
+    _F("ttft_n", "decode", "TTFT samples", kind=int, optional=True),
+    _F("tbt_n", "decode", "time between tokens samples", kind=int, optional=True),
+    _F("itl_ms", "decode", "inter-token latency ms", "ms", digits=3, optional=True),
+    _F("itl_p90_ms", "decode", "inter-token latency p90 ms", "ms", digits=3, optional=True),
+    _F(
+        "itl_p99_ms",
+        "decode",
+        "inter-token latency p99 ms",
+        "ms",
+        digits=3,
+        optional=True,
+        listed=True,
+    ),
+    _F("itl_max_ms", "decode", "largest gap ms", "ms", digits=3, optional=True, listed=True),
+    _F("itl_n", "decode", "gaps", kind=int, optional=True),
+    _F(
+        "itl_stalls",
+        "decode",
+        "stalls",
+        kind=int,
+        optional=True,
+        listed=True,
+    ),
+    _F("e2e_ms", "decode", "end-to-end ms", "ms", digits=2, optional=True, listed=True),
+    _F("e2e_p90_ms", "decode", "end-to-end p90 ms", "ms", digits=2, optional=True),
+    _F("e2e_p99_ms", "decode", "end-to-end p99 ms", "ms", digits=2, optional=True),
+    _F("e2e_n", "decode", "end-to-end samples", kind=int, optional=True),
     # reasoning and answer, chat only (docs/metrics.md, "Reasoning and answer"): written where
     # a request of the cell carried reasoning (tool-call deltas: where one came)
     _F(

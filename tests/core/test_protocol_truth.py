@@ -5,8 +5,10 @@ trips grow and the bounds with them. The simulator runs in its own process, as a
 would (its own interpreter: it does not share the client's GIL and garbage collector).
 """
 
+import itertools
 import json
 
+import numpy as np
 import pytest
 
 from pytest_llmspeed.core import protocol
@@ -73,3 +75,49 @@ async def test_prefill_ttft_and_exact_prompt_length(reference_sim, monkeypatch):
         f"TTFT {result.ttft_ms:.3f} ms, server {server_ttft:.3f} ms, trips {delay:.3f} ms"
     )
     assert result.prompt_tok_s == pytest.approx(8192 / result.ttft_ms * 1e3)
+
+
+def _groups(m):
+    """A matched request's arrivals as the client saw them: the chunks a read brought
+    together are one arrival, at the read's time, ending with the group's last chunk."""
+    out: list[tuple[float, float]] = []  # (client time, server time of its last chunk)
+    for g, (s, _) in zip(m.got, m.sent, strict=True):
+        if out and out[-1][0] == g:
+            out[-1] = (g, s)
+        else:
+            out.append((g, s))
+    return out
+
+
+async def test_every_gap_and_end_to_end_agree_with_the_servers_own_record(reference_sim):
+    """Inter-token latency over every gap (its median, p90, p99 and largest) and end-to-end
+    latency against the simulator's stamps: each client gap is the server's gap between the
+    same chunks plus the difference of their trips out, each end-to-end the server's plus the
+    trips in and out, all measured; order statistics are monotone, so each figure lies between
+    the same statistic of the server's values less and plus their trips."""
+    result, matched = await measure(reference_sim, 256, 4.0, 8, context=8192)
+    stats = result.stats
+    w0, w1 = result.window
+    lows, highs = [], []
+    for m in matched:
+        arrivals = _groups(m)
+        for (g0, s0), (g1, s1) in itertools.pairwise(arrivals):
+            if w0 <= g1 < w1:
+                shift = abs((g1 - s1) - (g0 - s0))
+                lows.append((s1 - s0 - shift) * 1e3)
+                highs.append((s1 - s0 + shift) * 1e3)
+    assert stats.itl is not None and stats.itl.n == len(lows) > 10  # quiet: about 1,000
+    for q, got in ((50, stats.itl.median_ms), (90, stats.itl.p90_ms), (99, stats.itl.p99_ms)):
+        if len(lows) < 100 / (100 - q):  # too few gaps for the rank: no figure
+            assert got is None, (q, len(lows))
+            continue
+        lo, hi = np.percentile(lows, q), np.percentile(highs, q)
+        assert got is not None and lo - SLACK_MS <= got <= hi + SLACK_MS, (q, lo, got, hi)
+    assert max(lows) - SLACK_MS <= stats.itl.max_ms <= max(highs) + SLACK_MS
+    finished = [m for m in matched if m.complete and w0 <= m.got[-1] < w1]
+    assert stats.e2e is not None and stats.e2e.n == len(finished) > 0
+    server = [(m.sent[-1][0] - m.arrival) * 1e3 for m in finished]
+    trips = [(m.trip_in + m.trips_out[-1]) * 1e3 for m in finished]
+    lo = float(np.median(server))
+    hi = float(np.median([s + t for s, t in zip(server, trips, strict=True)]))
+    assert lo - SLACK_MS <= stats.e2e.median_ms <= hi + SLACK_MS, (lo, stats.e2e.median_ms, hi)

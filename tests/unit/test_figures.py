@@ -208,7 +208,8 @@ def test_the_headline_figure_compare_reads_is_the_lists():
 
 #: the decode cells' listed figures: the bandwidth bound's, reasoning and tool calls'
 DECODE_LISTED = (
-    "read_gb_s", "bandwidth_share", "answer_ttft_ms", "reasoning_tokens", "answer_tokens",
+    "read_gb_s", "bandwidth_share", "itl_p99_ms", "itl_max_ms", "itl_stalls", "e2e_ms",
+    "answer_ttft_ms", "reasoning_tokens", "answer_tokens",
     "reasoning_from", "tool_call_deltas",
 )  # fmt: skip
 

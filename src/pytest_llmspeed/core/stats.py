@@ -118,6 +118,15 @@ class DecodeStats:
     #: the tokens a request in flight had received, on average over the window (time-weighted,
     #: each request over its overlap with the window): its context beyond the prompt
     mean_output_in_flight: float | None = None
+    #: the samples each percentile above was taken over (requests with a first token; with a
+    #: time between tokens)
+    ttft_n: int = 0
+    tbt_n: int = 0
+    #: inter-token latency over every gap (docs/metrics.md, "Inter-token latency"): the time
+    #: between a request's consecutive arrivals of output inside the window, over all requests
+    itl: Spread | None = None
+    #: end-to-end latency of the requests that finished inside the window (send to last token)
+    e2e: Spread | None = None
 
     @property
     def precision(self) -> float | None:
@@ -125,6 +134,60 @@ class DecodeStats:
         if self.total_ci is None or self.total_tok_s <= 0:
             return None
         return self.total_ci.half_width_rel(self.total_tok_s)
+
+
+#: a percentile is given where its sample holds at least one value beyond it: p90 from 10
+#: values, p99 from 100 (docs/metrics.md, "A percentile and its sample")
+def least_for(q: float) -> int:
+    """The fewest values a ``q``-th percentile is taken over: 100 / (100 − q)."""
+    return int(np.ceil(100 / (100 - q) - 1e-9))
+
+
+#: a gap of this many times the cell's median inter-token latency or more is a stall
+STALL_FACTOR = 10.0
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A latency's distribution over its samples (ms): median, p90 and p99 (None where the
+    sample is too small for the rank: :func:`least_for`), the largest, the count, and how many
+    reached :data:`STALL_FACTOR` × the median (for gaps)."""
+
+    median_ms: float
+    p90_ms: float | None
+    p99_ms: float | None
+    max_ms: float
+    n: int
+    stalls: int = 0
+
+    @classmethod
+    def of(cls, values_ms: np.ndarray, stalls: bool = False) -> Spread | None:
+        n = len(values_ms)
+        if not n:
+            return None
+        p50, p90, p99 = (float(x) for x in np.percentile(values_ms, [50, 90, 99]))
+        counted = int(np.count_nonzero(values_ms >= STALL_FACTOR * p50)) if stalls and p50 else 0
+        return cls(
+            median_ms=p50,
+            p90_ms=p90 if n >= least_for(90) else None,
+            p99_ms=p99 if n >= least_for(99) else None,
+            max_ms=float(values_ms.max()),
+            n=n,
+            stalls=counted,
+        )
+
+
+def arrival_gaps_ms(times: np.ndarray, w0: float, w1: float) -> np.ndarray:
+    """A request's gaps (ms) between consecutive arrivals of output whose later end lies in
+    [w0, w1): chunks that came in one read are one arrival (their gap is no time the server
+    took; the fast path keeps one time a read)."""
+    if len(times) < 2:
+        return np.empty(0)
+    arrivals = times[np.concatenate(([True], np.diff(times) > 0))]
+    later = arrivals[1:]
+    gaps = np.diff(arrivals)
+    keep = (later >= w0) & (later < w1)
+    return gaps[keep] * 1e3
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
@@ -180,6 +243,8 @@ def decode_stats(
     weights: list[int] = []
     ttfts: list[float] = []
     tbts: list[float] = []
+    gaps: list[np.ndarray] = []
+    e2es: list[float] = []
     completed = 0
     errors = 0
     n_sec = max(int(np.ceil(measured - 1e-9)), 0)
@@ -207,8 +272,10 @@ def decode_stats(
                 if n_i >= 2 and t_in[-1] > t_in[0]:
                     rates.append((n_i - 1) / (t_in[-1] - t_in[0]))
                     weights.append(n_i)
+            gaps.append(arrival_gaps_ms(times, w0, w1))
             if tr.finished and w0 <= times[-1] < w1:
                 completed += 1
+                e2es.append((times[-1] - tr.t_send) * 1e3)
     per_request = float(np.average(rates, weights=weights)) if rates else None
     cv = None
     n_full = int(measured + 1e-9)  # whole seconds: a last partial second is not a sample
@@ -265,6 +332,10 @@ def decode_stats(
         drift=trend(bm.fine_rates) if bm else None,
         little_residual=little,
         mean_output_in_flight=held,
+        ttft_n=len(ttfts),
+        tbt_n=len(tbts),
+        itl=Spread.of(np.concatenate(gaps) if gaps else np.empty(0), stalls=True),
+        e2e=Spread.of(np.asarray(e2es, dtype=np.float64)),
     )
 
 
