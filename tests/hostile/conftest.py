@@ -89,6 +89,7 @@ OUTPUTS = {
     "page": "out.html",
     "summary": "summary.md",
     "serve log": "llmspeed-serve.log",  # written by the plugin: the server's output, keyless
+    "requests": "requests.jsonl",
 }
 
 
@@ -348,6 +349,7 @@ def run_plugin(spec: Spec, folder: Path) -> Outcome:
         f"--junitxml={OUTPUTS['junit']}",
         f"--llm-results={OUTPUTS['results']}",
         f"--llm-html={OUTPUTS['page']}",
+        f"--llm-requests={OUTPUTS['requests']}",
         *spec.plugin_args,
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GITHUB_"))}

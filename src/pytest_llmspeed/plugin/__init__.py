@@ -692,6 +692,9 @@ def pytest_terminal_summary(
     )
     if s.results:
         terminalreporter.write_line(f"results: {s.results}")
+    if s.requests and run.requests is not None:
+        rows = run.requests.rows
+        terminalreporter.write_line(f"requests: {s.requests} ({rows:,} rows)")
     for output, path in s.outputs:
         terminalreporter.write_line(f"{output.label}: {path}")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")

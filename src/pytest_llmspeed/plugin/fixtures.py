@@ -380,6 +380,8 @@ class CellRunner:
             self.run.store.record(rec)
             self._attach(rec)
             pytest.fail(words if status is Status.ERROR else f"{cid}: {words}", pytrace=False)
+        sent = outcome.sent
+        self.run.log_requests(cid, [x.rec for x in sent], [x.due for x in sent])
         state = open_status(outcome, max_error_rate)
         reason = None if state.valid else self.run.redact(cell_words(state))
         return open_record(cid, outcome, max_error_rate, tokens).with_status(state.status, reason)
@@ -410,6 +412,7 @@ class CellRunner:
             pytest.fail(
                 reason if status.status is Status.ERROR else f"{cid}: {reason}", pytrace=False
             )
+        self.run.log_requests(cid, outcome.records, window=outcome.window)
         memory = self.run.server.bench.config.memory
         record = decode_record(prefix.param, outcome, max_error_rate, memory)
         return record.with_status(status.status, reason)

@@ -20,9 +20,11 @@ from .server import ServerUnderTest, public_url
 from .store import CellStore
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
+    from ..core.client import StreamRecord
     from ..core.protocol import DecodeResult, DecodeTick, PrefillResult
+    from ..core.request_log import RequestLog
     from ..results import CellId
     from .ab import ABRun
     from .progress import Progress
@@ -47,6 +49,10 @@ class LLMSpeedRun:
         self.on_tick: Callable[[DecodeTick], None] | None = None
         #: pytest's record_testsuite_property, once a cell ran: the run's own JUnit properties
         self.suite_property: Callable[[str, object], None] | None = None
+        #: --llm-requests: one row per request, appended as each cell ends (opened when the
+        #: server starts: a run that measures nothing leaves no file)
+        self.requests: RequestLog | None = None
+        self._requests_said = False
         #: the A/B of two versions (--llm-serve-baseline, --llm-endpoint-baseline), or None
         self.ab: ABRun | None = None
         if settings.ab_kind is not None:
@@ -61,6 +67,10 @@ class LLMSpeedRun:
         write the first results. Raises LLMSpeedError / ValueError."""
         self.server.start()
         self.store.note(*self.server.notes)
+        if self.settings.requests and self.requests is None:
+            from ..core.request_log import RequestLog
+
+            self.requests = RequestLog(self.settings.requests)
         try:
             warning = self.gate.check_settings()
             self.gate.check_save()
@@ -96,6 +106,8 @@ class LLMSpeedRun:
 
     def stop(self) -> None:
         self.server.stop()
+        if self.requests is not None:
+            self.requests.close()
 
     def next_run(self, number: int) -> None:
         """--llm-runs: the previous run's cells added to the baseline, the server restarted
@@ -121,6 +133,29 @@ class LLMSpeedRun:
         if first and (before is None or not before.status.measured):
             self.store.record(prefill_record(context, result))
         return tokens, result
+
+    def log_requests(
+        self,
+        cid: CellId,
+        records: Sequence[StreamRecord],
+        due: Sequence[float] | None = None,
+        window: tuple[float, float] | None = None,
+    ) -> None:
+        """A measured cell's requests into --llm-requests (a file that stopped or reached its
+        cap says so once, in the run's notes)."""
+        if self.requests is None:
+            return
+        from ..core.request_log import cell_rows
+
+        tags = {}
+        if self.ab is not None and self.ab.ledger.rounds:  # which version, which round
+            last = self.ab.ledger.rounds[-1]
+            tags = {"arm": last.arm, "round": last.index + 1}
+        self.requests.cell(cell_rows(str(cid), records, due, tags, window))
+        note = self.requests.note()
+        if note and not self._requests_said:
+            self._requests_said = True
+            self.store.note(self.redact(note))
 
     def decode(self, tokens: int, concurrency: int) -> DecodeResult:
         """A decode cell's measurement, shown live to whoever watches."""

@@ -170,6 +170,11 @@ OPTIONS: tuple[Option, ...] = (
         "GITHUB_STEP_SUMMARY",
     ),
     *(Option(o.key, f"write {o.help} to this path, rewritten after every cell") for o in OUTPUTS),
+    Option(
+        "requests",
+        "write one JSON line per request of every decode and open-loop cell to this path, "
+        "as each cell ends",
+    ),
     Option("compare", "compare with an earlier results file: a verdict per cell"),
     Option(
         "meta",
@@ -332,7 +337,7 @@ HELP_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("A/B", ("serve-baseline", "endpoint-baseline", "ab-rounds", "ab-seed", "ab-prior")),
-    ("outputs", ("results", *(o.key for o in OUTPUTS), "compare", "meta")),
+    ("outputs", ("results", *(o.key for o in OUTPUTS), "requests", "compare", "meta")),
     ("launch", ("serve", "serve-log", "serve-timeout", "runs", "launch-command")),
 )
 
@@ -375,6 +380,7 @@ class Settings:
     kv_capacity: int | None = None
     max_model_len: int | None = None
     results: str | None = None
+    requests: str | None = None  # --llm-requests: one JSON line per request
     timeout: float = 120.0
     max_error_rate: float = 0.05
     baseline: str | None = None
@@ -689,7 +695,10 @@ def load(config: pytest.Config) -> Settings:
         values["prefill_contexts"] = values["contexts"]
     paths = {o.key: values.pop(o.dest) for o in OUTPUTS}
     values["outputs"] = tuple((o, paths[o.key]) for o in OUTPUTS if paths[o.key] is not None)
-    files = {k: values[k.replace("-", "_")] for k in ("results", "save-baseline", "serve-log")}
+    files = {
+        k: values[k.replace("-", "_")]
+        for k in ("results", "requests", "save-baseline", "serve-log")
+    }
     for name, path in (files | paths).items():
         if path is not None:
             opt = next(o for o in OPTIONS if o.name == name)
