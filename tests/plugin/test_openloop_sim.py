@@ -281,3 +281,31 @@ def test_the_capacity_as_a_rate_is_the_highest_rate_that_meets_the_objectives(
     md = summary.read_text()
     assert "**Capacity as an arrival rate at `ttft<=1s`** (the highest rate" in md
     assert "\n- 1K: 1 request/s (32/s misses ttft: " in md
+
+
+@pytest.mark.parametrize(("prompts", "said"), [("shared", "shared prefix, warm"), ("cold", "cold")])
+def test_rate_prompts_shared_hit_the_warm_prefix_and_cold_ones_nothing(pytester, prompts, said):
+    """--llm-rate-prompts: shared prompts (returning users) hit the context's warm prefix in
+    the server's cache, cold ones (new users, each a prompt of its own) nothing: the
+    simulator's own prefix-cache counters over the cell say so, and the header says which.
+    Certain: the cache holds exactly the prompts' token ids, whatever the machine's load."""
+    result = pytester.runpytest(
+        f"--llm-endpoint={TINY}",
+        "--llm-contexts=4K",
+        "--llm-rates=4",
+        "--llm-duration=1",
+        "--llm-max-output=16",
+        f"--llm-rate-prompts={prompts}",
+        "--llm-results=out.json",
+        "-m",
+        "rate",
+        "-p",
+        "no:randomly",
+    )
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"*rate cells: each request * {said}*"])
+    cell = _cells(pytester)["rate[4K-r4]"]
+    hits = cell["server"]["prefix_cache_hit_rate"]
+    assert hits > 0.9 if prompts == "shared" else hits == 0.0, hits
+    settings = json.loads((pytester.path / "out.json").read_text())["run"]["settings"]
+    assert settings["rate_prompts"] == prompts

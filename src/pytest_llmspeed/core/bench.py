@@ -501,19 +501,25 @@ class Bench:
         return decode_record(context, result, self.config.max_error_rate, self.config.memory)
 
     def rate(
-        self, context: int, rate: float, burstiness: float = 1.0, seed: int = 0
+        self,
+        context: int,
+        rate: float,
+        burstiness: float = 1.0,
+        seed: int = 0,
+        cold: bool = False,
     ) -> OpenLoopResult:
         """One rate cell (docs/workloads.md): requests at ``context`` tokens arriving at
         ``rate`` per second (gamma gaps of shape ``burstiness``; 1: Poisson) for the config's
         duration, each with the config's max output, sent whatever the server does. Warm the
-        context's prefix first (:meth:`prefill`): its requests share it, as a decode cell's."""
+        context's prefix first (:meth:`prefill`): its requests share it, as a decode cell's;
+        ``cold``: each request a prompt of its own, none of it cached (new users)."""
         assert self.conn and self.factory and self.dialect and self.server
         cfg = self.config
         times = rate_schedule(rate, cfg.duration, burstiness, seed)
         factory, dialect, model = self.factory, self.dialect, self.server.model
 
         async def cell() -> OpenLoopResult:
-            plan = await rate_plan(factory, dialect, model, context, cfg.max_output, times)
+            plan = await rate_plan(factory, dialect, model, context, cfg.max_output, times, cold)
             target = self.replicas or self.conn
             assert target is not None
             return await run_open_loop(
@@ -607,7 +613,12 @@ class Bench:
         return self.server is not None and self.server.has_metrics
 
     def rate_cell(
-        self, context: int | str, rate: float, burstiness: float = 1.0, seed: int = 0
+        self,
+        context: int | str,
+        rate: float,
+        burstiness: float = 1.0,
+        seed: int = 0,
+        cold: bool = False,
     ) -> CellRecord:
         """The rate cell (``context``, ``rate``) as the pytest layer records it; its prefix
         warmed here when it is not yet (the prefill cell's request)."""
@@ -615,7 +626,7 @@ class Bench:
         tokens = self._tokens(context)
         try:
             self.prefill(tokens, min(self.config.max_output, 16))
-            result = self.rate(tokens, rate, burstiness, seed)
+            result = self.rate(tokens, rate, burstiness, seed, cold)
         except LLMSpeedError as exc:
             return _stopped(cid, exc, tokens)
         return open_record(cid, result, self.config.max_error_rate, tokens)

@@ -740,12 +740,21 @@ async def rate_plan(
     context: int,
     max_output: int,
     times: Sequence[float],
+    cold: bool = False,
 ) -> list[Planned]:
     """A rate cell's requests: at ``context`` tokens, each sharing the context's prefix P(C)
-    and ending in its own suffix (a decode cell's prompts), built before the first is sent."""
+    and ending in its own suffix (a decode cell's prompts), built before the first is sent.
+    ``cold`` (``--llm-rate-prompts=cold``): each request a prompt of its own from start to end
+    (a fresh salt each: no block of it cached, whatever the server keeps): new users' TTFT."""
     from .streams import PromptSource
 
     fields = request_fields(model, max_output, dialect)
+    if cold:
+        plan = []
+        for t in times:
+            prompt = await factory.fresh().prompt(context, 1)
+            plan.append(Planned(t, prompt.encode(fields), context, max_output))
+        return plan
     prompts = PromptSource(factory, context, fields, min(len(times), 64) or 1)
     await prompts.build()
     return [Planned(t, await prompts.next(), context, max_output) for t in times]

@@ -224,7 +224,8 @@ class CellRunner:
             # the bench of now: a re-measurement's fresh start made a new one
             bench = self.run.server.bench
             assert bench is not None
-            return bench.rate(prefix.tokens, rate, s.burstiness, s.rate_seed)
+            cold = s.rate_prompts == "cold"
+            return bench.rate(prefix.tokens, rate, s.burstiness, s.rate_seed, cold)
 
         return self._open(cid, measure, prefix.tokens)
 

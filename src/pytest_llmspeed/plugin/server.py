@@ -478,7 +478,9 @@ class ServerUnderTest:
         settings = []
         if kinds & {Phase.PREFILL, Phase.DECODE, Phase.RATE}:
             settings.append(f"max output {s.max_output} · {self.window_words}")
-        if Phase.RATE in kinds:  # what its TTFTs are: returning users', on a warm prefix
+        if Phase.RATE in kinds and s.rate_prompts == "cold":  # new users' TTFTs
+            settings.append("rate cells: each request a cold prompt of its own")
+        elif Phase.RATE in kinds:  # what its TTFTs are: returning users', on a warm prefix
             settings.append("rate cells: each request the context's shared prefix, warm")
         if Phase.TRACE in kinds and s.trace_speed != 1:
             settings.append(f"trace at {s.trace_speed:g}× its speed")

@@ -141,6 +141,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("rate-seed", "seed of the rate cells' arrival times", default="0"),
     Option(
+        "rate-prompts",
+        "rate cells' prompts: shared (the context's warm prefix, returning users) or cold "
+        "(each its own, new users)",
+        default="shared",
+        choices=("shared", "cold"),
+    ),
+    Option(
         "trace",
         "replay this request trace: Mooncake JSONL, Azure or BurstGPT CSV",
     ),
@@ -311,6 +318,7 @@ HELP_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rates",
             "burstiness",
             "rate-seed",
+            "rate-prompts",
             "trace",
             "trace-speed",
             "turns",
@@ -365,6 +373,7 @@ class Settings:
     rates: tuple[float, ...] = ()
     burstiness: float = 1.0
     rate_seed: int = 0
+    rate_prompts: str = "shared"  # or "cold": each rate request a prompt of its own
     trace: Any = None
     trace_speed: float = 1.0
     #: --llm-prompt-text's material (core.prompt_text.PromptText, read at configure time)
@@ -443,6 +452,7 @@ class Settings:
             "rates": list(self.rates) or None,
             "burstiness": self.burstiness if self.rates else None,
             "rate_seed": self.rate_seed if self.rates else None,
+            "rate_prompts": self.rate_prompts if self.rates else None,
             "trace": self.trace.source if self.trace is not None else None,
             "trace_speed": self.trace_speed if self.trace is not None else None,
             "prompt_text": self.prompt_text.source if self.prompt_text is not None else None,
