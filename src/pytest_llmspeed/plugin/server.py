@@ -500,6 +500,8 @@ class ServerUnderTest:
             f"llmspeed: api {s.api} ({'token-id' if self.prompt_form == 'ids' else 'text'} "
             "prompts) · " + " · ".join(settings),
         ]
+        if s.preset_note:  # what --llm-preset set, and what was given instead
+            lines.append(f"llmspeed: {s.preset_note}")
         if s.proxy_note:  # the environment's setting the run does not follow, said up front
             lines.append(f"llmspeed: {s.proxy_note}")
         return lines

@@ -57,6 +57,33 @@ class Option:
         return "llm_" + self.name.replace("-", "_")
 
 
+#: the presets (``--llm-preset``), as pyperf's --fast/--rigorous and hypothesis's settings
+#: profiles: each sets the options that decide how long and how often a cell is measured, never
+#: what is measured (the matrix, the output length); an option given anywhere (the command
+#: line, the environment, the ini file) wins over its preset's value (docs/options.md)
+PRESETS: dict[str, tuple[tuple[str, str], ...]] = {
+    # a look at a server: short windows, one cold request, a miss measured again once
+    "quick": (("duration", "10"), ("prefill-repeats", "1"), ("confirm", "1")),
+    # a CI gate: windows that end once precise, six cold requests, a miss confirmed twice,
+    # and 30 minutes to measure again what is undecided
+    "gate": (
+        ("duration", "30"),
+        ("precision", "2%"),
+        ("min-duration", "10"),
+        ("prefill-repeats", "6"),
+        ("confirm", "2"),
+        ("budget", "30m"),
+    ),
+    # figures to publish: long windows until ±1 %, twelve cold requests, three confirmations
+    "publish": (
+        ("duration", "60"),
+        ("precision", "1%"),
+        ("min-duration", "30"),
+        ("prefill-repeats", "12"),
+        ("confirm", "3"),
+    ),
+}
+
 OPTIONS: tuple[Option, ...] = (
     Option(
         "endpoint",
@@ -273,6 +300,12 @@ OPTIONS: tuple[Option, ...] = (
         choices=("warn", "fail"),
     ),
     Option(
+        "preset",
+        "set the measuring options at once: quick, gate or publish; options given win "
+        "(docs/options.md)",
+        choices=tuple(PRESETS),
+    ),
+    Option(
         "builtin-suite",
         "run the built-in matrix: auto (when asked for: docs/measure.md), always or never",
         default="auto",
@@ -300,6 +333,7 @@ HELP_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "matrix",
         (
+            "preset",
             "contexts",
             "prefill-contexts",
             "concurrency",
@@ -423,6 +457,8 @@ class Settings:
     tolerance_given: bool = False
     #: proxy variables set in the environment, which the plugin does not use, in words
     proxy_note: str | None = None
+    preset: str | None = None  # --llm-preset
+    preset_note: str | None = None  # what it set, for the header
     budget: float | None = None  # seconds
     unknown: str = "warn"
 
@@ -468,6 +504,7 @@ class Settings:
             "max_error_rate": self.max_error_rate,
             "baseline": self.baseline,
             "confirm": self.confirm,
+            "preset": self.preset,
             "runs": self.runs,
             "baseline_missing": self.baseline_missing,
             "api_key": "<redacted>" if self.api_key else None,
@@ -561,7 +598,35 @@ def raw_value(config: pytest.Config, opt: Option) -> tuple[str | None, str]:
     ini = config.getini(opt.ini)
     if ini not in (None, "", []):
         return str(ini).strip(), f"ini key {opt.ini}"
+    if opt.name != "preset":
+        preset = preset_of(config)
+        if preset is not None and opt.name in dict(PRESETS[preset]):
+            return dict(PRESETS[preset])[opt.name], f"--llm-preset={preset}"
     return opt.default, f"{opt.flag} default"
+
+
+def preset_of(config: pytest.Config) -> str | None:
+    """The preset the run asked for (None: none, or a name that is none: ``load`` says so)."""
+    opt = next(o for o in OPTIONS if o.name == "preset")
+    name, _ = raw_value(config, opt)
+    return name if name in PRESETS else None
+
+
+def preset_words(config: pytest.Config) -> str | None:
+    """The header's line of the preset: what it set, and what was given instead."""
+    preset = preset_of(config)
+    if preset is None:
+        return None
+    took, given = [], []
+    for name, value in PRESETS[preset]:
+        opt = next(o for o in OPTIONS if o.name == name)
+        got, source = raw_value(config, opt)
+        if source.startswith("--llm-preset"):
+            took.append(f"{opt.flag}={value}")
+        else:
+            given.append(f"{opt.flag}={got} ({source})")
+    line = f"preset {preset}: " + (" ".join(took) or "nothing left to set")
+    return line + (f"; given instead: {', '.join(given)}" if given else "")
 
 
 def url_values(config: pytest.Config, opt: Option) -> tuple[list[str], str]:
@@ -644,6 +709,13 @@ def load(config: pytest.Config) -> Settings:
     if values["serve"] is not None:
         _derive_endpoint(config, values, notes)
     min_duration = values["min_duration"] or 5.0
+    min_source = raw_value(config, next(o for o in OPTIONS if o.name == "min-duration"))[1]
+    if min_source.startswith("--llm-preset") and min_duration > (values["duration"] or 30.0):
+        notes.append(
+            f"--llm-min-duration: the preset's {min_duration:g} s is longer than the window "
+            f"given, {values['duration']:g} s: the window's length is its least too"
+        )
+        values["min_duration"] = min_duration = values["duration"]  # a window given shorter
     if values["precision"] is not None and min_duration > (values["duration"] or 30.0):
         raise _refused(
             config,
@@ -721,6 +793,7 @@ def load(config: pytest.Config) -> Settings:
     rounds = next(o for o in OPTIONS if o.name == "ab-rounds")
     if values["budget"] is not None and raw_value(config, rounds)[1].endswith(" default"):
         values["ab_rounds"] = BUDGET_ROUNDS  # the budget, not a cap set before, decides
+    values["preset_note"] = preset_words(config)
     settings = Settings(**{k: v for k, v in values.items() if v is not None})
     return dataclasses.replace(settings, notes=tuple(notes), serve_plan=plan)
 
