@@ -11,7 +11,7 @@ decode[1K-c8], as benchmarks/studies/ab_vs_stored.py runs on the simulator. The 
 the plugin's do (``Ledger.end_block``), up to ``--blocks`` blocks.
 
 With ``--prior K``, each A/B's ledger has the pooled spread of K earlier unchanged A/Bs of the
-same model (their own seeds) as its prior, as ``--llm-ab-prior`` gives it (docs/gate.md, "A
+same model (their own seeds) as its prior, as ``--llm-ab-prior`` gives it (docs/judge.md, "A
 prior from earlier A/Bs"); ``--write`` then writes ab_model_prior.md.
 
 Usage: ``python -m benchmarks.studies.ab_model [--trials 600] [--prior K] [--write]``.

@@ -28,7 +28,7 @@ median change of the checks), since the client's own time per request does not s
 The drift period is chosen against the rounds, not the seconds: the simulator's clock is
 compressed (1 s windows, a tiny profile), so a round (one start and the cells) takes about
 5 s here where a real one takes minutes; ``--drift-period 40`` is about 8 rounds, the
-model of docs/gate.md's table ("a drift within ±20 % over 8 rounds"), which on a server whose
+model of docs/judge.md's table ("a drift within ±20 % over 8 rounds"), which on a server whose
 rounds take 2 minutes is ±20 % over about a quarter of an hour, what the issue saw on real
 vLLM (96K → 69K prompt tok/s over 16 minutes of eight starts).
 
@@ -44,7 +44,7 @@ page again.
     python -m benchmarks.studies.ab_vs_stored --only b --prior 3   # (b) with earlier A/Bs
 
 With ``--prior K``, K unchanged A/Bs run first (their own drift seeds; ``work/prior/``), and
-every A/B of (b) takes their results files as ``--llm-ab-prior`` (docs/gate.md, "A prior
+every A/B of (b) takes their results files as ``--llm-ab-prior`` (docs/judge.md, "A prior
 from earlier A/Bs"), as a nightly job keeps its last A/Bs.
 """
 
@@ -521,7 +521,7 @@ def page(meta: dict[str, Any], records: list[RunRecord]) -> list[str]:
         "simulator's clock is compressed (tiny profile, "
         f"{a['duration']:g} s windows): a round — one start and the cells — took "
         f"{meta['round_s']:.1f} s here, so one period is about "
-        f"{a['drift_period'] / max(meta['round_s'], 0.1):.0f} rounds (docs/gate.md's model: "
+        f"{a['drift_period'] / max(meta['round_s'], 0.1):.0f} rounds (docs/judge.md's model: "
         "±20 % over 8 rounds). On a real server whose round takes 2 minutes that is ±20 % "
         f"over about {2 * a['drift_period'] / max(meta['round_s'], 0.1):.0f} minutes.",
         f"- **The matrix**: decode `--llm-contexts={a['contexts']} "
@@ -532,7 +532,7 @@ def page(meta: dict[str, Any], records: list[RunRecord]) -> list[str]:
         f"{a['duration']:g} --llm-max-output={a['max_output']}`. "
         f"{len(a['prefill_contexts'].split(','))} prefill contexts, not one: the A/B pools "
         "a block's spread over the cells of a kind, and one "
-        'prefill context gives it one degree of freedom a block (docs/gate.md, "Limits").',
+        "prefill context gives it one degree of freedom a block (docs/judge.md).",
         f"- **Tolerance** {a['tolerance']:.0%} for both (the baseline file's default; "
         f"`--llm-tolerance={a['tolerance']:g}` for the A/B). A *check* is one figure of one "
         "cell.",

@@ -143,7 +143,7 @@ def f_cdf(x: float, d1: float, d2: float) -> float:
 def f_quantile(p: float, d1: float, d2: float) -> float:
     """The F distribution's quantile for p in (0, 1), by bisection of :func:`f_cdf` (to a
     relative 1e-10): the one-sided test of two variances (an A/B's own spread against an
-    earlier one's, docs/gate.md)."""
+    earlier one's, docs/judge.md)."""
     if not 0 < p < 1:
         raise ValueError("p must be in (0, 1)")
     if d1 <= 0 or d2 <= 0:

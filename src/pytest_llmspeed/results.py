@@ -329,7 +329,8 @@ PASSED = "passed"
 class Check:
     """One figure of one cell against its baseline reference, over one or more attempts: the
     data the gate judged and the verdict it gave (gate/verdict.py judges, by gate/judge.py's
-    rule; docs/gate.md, "Across restarts"). This is the stored verdict: nothing here judges.
+    rule; docs/judge.md, "The rule across restarts"). This is the stored verdict: nothing
+    here judges.
 
     ``verdict`` is one of :data:`VERDICTS` (``""``: not judged yet, a check made by hand);
     a check read from a results file keeps the verdict the file stored (``stored``), whatever

@@ -13,7 +13,7 @@ ARGS = (
     "--llm-max-output=256",
     # A cold 1K prompt prefills in about 12 ms, and one such request on a busy machine moves by
     # ±20 %: the median of 6 carries an interval, so the gate judges the prefill figure with its
-    # noise (docs/gate.md, "With intervals") instead of a flat 5 % on one request.
+    # noise (docs/judge.md, "With intervals") instead of a flat 5 % on one request.
     "--llm-prefill-repeats=6",
     "-m",
     "decode",

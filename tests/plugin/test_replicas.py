@@ -43,7 +43,7 @@ def test_two_replicas_give_twice_one_replicas_throughput_and_split_the_streams(p
     throughput, 4 streams on each, and skip c=15 with the arithmetic per replica."""
     # The second run is gated against the first; its prefill[1K] is one cold request of ~11 ms
     # that a busy machine moved by 20 %: the median of 6 carries an interval, and the gate
-    # judges the figure with its noise (docs/gate.md, "With intervals")
+    # judges the figure with its noise (docs/judge.md, "With intervals")
     one = _matrix(pytester, SMALL, "--llm-save-baseline=one.toml", "--llm-prefill-repeats=6")
     one.assert_outcomes(passed=2, skipped=2)
     one.stdout.fnmatch_lines(["*Over capacity: 8 × (1K + 128) = 9,216 > KV capacity 8,192*"])

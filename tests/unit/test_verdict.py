@@ -165,7 +165,7 @@ def test_a_selected_cell_without_a_record_was_not_run():
     assert acc.not_run == ((ID, "not run (the session stopped before it)"),) and not acc.deselected
 
 
-# -- with intervals (docs/gate.md, "With intervals") -------------------------------------------
+# -- with intervals (docs/judge.md, "With intervals") ------------------------------------------
 # floor at tolerance 2 %: 98; the baseline 100 ± 0.5 (steady) or ± 6 (noisy)
 STEADY = CellBaseline(ID, {"total_tok_s": 100.0}, 0.02, 1, {"total_tok_s": (99.5, 100.5)})
 NOISY = CellBaseline(ID, {"total_tok_s": 100.0}, 0.02, 1, {"total_tok_s": (94.0, 106.0)})

@@ -1,5 +1,5 @@
-"""The gate's two levels of noise (docs/gate.md, "Across restarts"), case by case, in exact
-arithmetic: a baseline of several runs whose spread makes a −10 % figure unknown (too noisy to
+"""The gate's two levels of noise (docs/judge.md, "The rule across restarts"), case by case, in
+exact arithmetic: a baseline of several runs whose spread makes a −10 % figure unknown (too noisy to
 tell) where a one-run baseline fails it; confirmations on fresh starts judged on the mean of
 all; attempts on one start judged as before; the spread's degrees of freedom; what the summary
 says. The judge (gate/judge.py) decides on the change ln(X / R) with its standard error

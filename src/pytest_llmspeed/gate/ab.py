@@ -72,7 +72,7 @@ STALL_FACTOR = 3.0
 #: alone then claims what a handful of starts cannot show (an unchanged version read −2.7 % …
 #: −1.6 % after four blocks, "regressed" at a 1 % tolerance). 1 % is below the spread of every
 #: server measured for this project (the simulator's default start noise 2 %; real vLLM's
-#: CPU build tens of %), so it widens only the intervals that were too narrow (docs/gate.md)
+#: CPU build tens of %), so it widens only the intervals that were too narrow (docs/judge.md)
 BETWEEN_FLOOR = 0.01
 #: a cell's verdict from its figures': the first of these that any figure has
 _PRECEDENCE = (Verdict.REGRESSED, Verdict.UNKNOWN, Verdict.IMPROVED, Verdict.SAME)

@@ -7,7 +7,7 @@ makes a relative change symmetric and lets a multiplicative drift cancel by subt
 
 - **regressed**: worse than the tolerance, beyond the noise: the point estimate is past
   ``−tolerance`` and the one-sided 99 % test says it is worse at all (as the stored-baseline
-  gate's rule, docs/gate.md "The rule");
+  gate's rule, docs/judge.md "The rule across restarts");
 - **improved**: the mirror;
 - **same**: the change's two-sided 95 % interval lies inside ``±tolerance``: shown to be within
   tolerance (an equivalence test, two one-sided tests at 2.5 %);

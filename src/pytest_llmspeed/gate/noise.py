@@ -1,4 +1,4 @@
-"""The gate's two levels of noise, as pure arithmetic (docs/gate.md, "Across restarts").
+"""The gate's two levels of noise, as pure arithmetic (docs/judge.md, "The rule across restarts").
 
 - **Within a window**: a figure's own 95 % interval gives its relative standard error,
   ``w = (half-width / value) / 1.96`` (0 when it has none).
@@ -140,7 +140,7 @@ def with_attempts(spread: Spread, values: Sequence[float], cis: Sequence[Pair | 
     baseline's estimate, ``σ² = (ν_b σ_b² + (n − 1) σ_a²) / (ν_b + n − 1)`` with
     ``ν_b + n − 1`` degrees of freedom: a 3-run baseline's 2 degrees of freedom (Student's t
     6.96) grow with each confirmation, which is what lets confirmations buy power
-    (docs/gate.md, "Across restarts"). Unknown stays unknown (a one-run baseline keeps its
+    (docs/judge.md, "The rule across restarts"). Unknown stays unknown (a one-run baseline keeps its
     rule), as does a single attempt."""
     n = len(values)
     if spread.sigma is None or spread.dof == 0 or n < 2:

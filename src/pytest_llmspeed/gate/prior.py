@@ -2,7 +2,7 @@
 (``--llm-ab-prior=FILE,...``), read from their results files, pooled with the A/B's own by
 degrees of freedom (:meth:`.ab.Ledger.prior_use`). Two blocks (8 starts) know a start's
 spread on about 3 degrees of freedom: too few to call an unchanged cell the same (t = 3.18);
-with earlier A/Bs' spread they are enough (docs/gate.md, "A prior from earlier A/Bs").
+with earlier A/Bs' spread they are enough (docs/judge.md, "A prior from earlier A/Bs").
 
 A prior applies only where it was measured: a file from another machine (its hardware in
 the run's metadata) or another model is refused, and a prior from a quieter day than today's

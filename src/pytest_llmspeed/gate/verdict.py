@@ -1,9 +1,9 @@
 """The gate's verdicts: pure functions of a baseline entry and a cell's measurements.
 
-The rule (docs/gate.md, "Across restarts"): a figure *misses* when it is past its limit and
-worse than its reference beyond two levels of noise, the window's (its interval) and the
-spread between starts of the server (the baseline's runs). A cell whose attempt misses is
-measured again, up to the number of confirmations the user allows (:func:`wants_another`):
+The rule (docs/judge.md, "The rule across restarts"): a figure *misses* when it is past its limit
+and worse than its reference beyond two levels of noise, the window's (its interval) and the spread
+between starts of the server (the baseline's runs). A cell whose attempt misses is measured again,
+up to the number of confirmations the user allows (:func:`wants_another`):
 
 - attempts on one start of the server (the default): again while the latest attempt misses;
   a figure *regresses* only when every attempt misses and so does their mean;

@@ -27,7 +27,7 @@ DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128"
 #: interval (an order statistic's), so the gate does not fail a build on one request's TTFT
 GATED_PREFILL_REPEATS = 6
 #: in an A/B: twice as many, since a round's restart costs far more than its cold requests
-#: and a prefill cell's own noise is most of its block's variance (docs/gate.md, "A prior from
+#: and a prefill cell's own noise is most of its block's variance (docs/judge.md, "A prior from
 #: earlier A/Bs": with 6, prefill cells took 12 starts where decode cells took 8)
 AB_PREFILL_REPEATS = 12
 
