@@ -104,7 +104,7 @@ def test_small_matrix_on_llama_cpp_python(pytester, llama_cpp_server):
         f"--llm-max-model-len={N_CTX}",
         "--llm-contexts=1K",
         "--llm-concurrency=1,2",
-        "--llm-duration=3",
+        "--llm-duration=5",
         f"--llm-max-output={MAX_OUTPUT}",
         "--llm-results=out.json",
     )
@@ -136,10 +136,12 @@ def test_small_matrix_on_llama_cpp_python(pytester, llama_cpp_server):
         # "stop", an early stop to the plugin): the cell's tokens per chunk
         assert cell["tokens"] in ("max-tokens", "ratio"), cell
         # Chance: how many met EOS in their overshoot is the model's draw, and a loaded
-        # machine finishes few requests in a window (7, one of them stopped early): a
-        # quarter, and at least 2, still says most ended at max_tokens
+        # machine finishes few requests in a window (7, one of them stopped early; beside the
+        # busy loops and more, 1 in 3 s): a quarter, and at least 2, still says most ended at
+        # max_tokens; one finished request gives the cell its exact total (the window is 5 s:
+        # the slowest seen finished a request of 64 tokens within 3)
         assert cell["early_stops"] <= max(2, cell["completed"] // 4), cell
-        assert cell["completed"] >= 2 and cell["total_tok_s"] > 0
+        assert cell["completed"] >= 1 and cell["total_tok_s"] > 0
         assert cell["received_tokens"] >= cell["completed"] * MAX_OUTPUT
         # empty-text events carry a token but no chunk time: tokens ≥ chunks with text
         assert cell["received_tokens"] >= cell["received_chunks"] > 0

@@ -1,5 +1,5 @@
 """One judge, end to end on the simulator: a run saved as a baseline, a second run (its decode
-20 % slower, its prefill the same) gated on it, and ``python -m pytest_llmspeed compare`` of
+twice as slow, its prefill the same) gated on it, and ``python -m pytest_llmspeed compare`` of
 the two results files give the same verdict on every cell, and the same exit status."""
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ def verdicts(path: Path) -> dict[str, str]:
 
 def test_the_gate_and_compare_judge_two_runs_alike(pytester: pytest.Pytester) -> None:
     old = pytester.runpytest(
-        "--llm-endpoint=sim:tiny?speed=1&seed=5",
+        "--llm-endpoint=sim:tiny?speed=0.5&seed=5",
         *ARGS,
         "--llm-save-baseline=base.toml",
         "--llm-results=old.json",
     )
     old.assert_outcomes(passed=6)
     new = pytester.runpytest(
-        "--llm-endpoint=sim:tiny?speed=1&seed=6&slower=decode:0.2",
+        "--llm-endpoint=sim:tiny?speed=0.5&seed=6&slower=decode:1.0",
         *ARGS,
         "--llm-baseline=base.toml",
         "--llm-results=new.json",
@@ -56,7 +56,10 @@ def test_the_gate_and_compare_judge_two_runs_alike(pytester: pytest.Pytester) ->
         "decode[2K-c1]",
         "decode[2K-c4]",
     }, by_gate
-    # a 20 % slower decode is regressed in every decode cell. The prefill's verdict is not
+    # Chance: a decode twice as slow is regressed in every decode cell, far beyond any noise
+    # (a 20 % slower one at 1× was not regressed at c4 beside a loaded CI run: both versions'
+    # c4 were capped by the machine's CPU, so the simulator runs at 0.5×, below what a loaded
+    # machine serves, and the new version at half of that). The prefill's verdict is not
     # asserted: it is unchanged, but a one-run baseline knows no spread between starts, and on
     # a busy machine a 2K prefill read −6.8 % beyond both intervals (a CI run): the gate and
     # compare must agree on it, whatever it is

@@ -63,11 +63,20 @@ def test_an_unknown_cell_is_named_and_warns_by_default(
             "Baseline *base.toml: 0 regression(s), 0 improvement(s) beyond tolerance, 2 unknown",
             "  2 baseline cell(s): 0 same, 0 improved, 2 unknown, 0 regressed, 0 not run, "
             "0 deselected, 0 not gated",
-            "  unknown     decode[[]1K-c1[]] total tok/s * its limit *: too noisy to "
-            "tell *; about * more measurement(s) would decide it (--llm-confirm=*)",
+            "  unknown     decode[[]1K-c1[]] total tok/s * its limit *: too noisy to tell *",
             "  (cells too noisy to tell pass: --llm-unknown=fail fails them)",
         ]
     )
+    # Chance: the unchanged simulator's two runs differ by what the machine did between them;
+    # where the estimate sits near the tolerance (+4.8 % at ±5 %, a loaded CI run) no number of
+    # measurements would decide it, and the line says so instead of how many: either way it
+    # names the options that narrow the noise
+    line = next(x for x in result.stdout.lines if "unknown     decode[1K-c1] total" in x)
+    more = re.search(
+        r"about (\d+) more measurement\(s\) would decide it \(--llm-confirm=\d+\)", line
+    )
+    assert more or line.endswith("too close to its limit for more measurements to decide it")
+    assert "--llm-confirm" in line and "--llm-precision" in line, line
     # pytest's last line counts them, beside the tests (a yellow line, not a green one)
     assert result.parseoutcomes().get("unknown") == 2, result.stdout.lines[-1]
     doc = json.loads((pytester.path / "r.json").read_text())
@@ -75,14 +84,15 @@ def test_an_unknown_cell_is_named_and_warns_by_default(
     decode = cells["decode[1K-c1]"]
     assert decode["baseline"] == "unknown"
     total = next(c for c in decode["baseline_checks"] if c["metric"] == "total_tok_s")
-    assert total["verdict"] == "unknown" and total["more"] >= 1 and total["noisy"] is True
+    assert total["verdict"] == "unknown" and total["noisy"] is True
+    assert (total["more"] or 0) >= 1 if more else total["more"] is None
     # re-measured once (--llm-confirm's default), on a fresh start of the simulator
     assert len(decode["attempts"]) == 2 and "total_tok_s_ci" in decode["attempts"][1]
     assert cells["prefill[1K]"]["baseline"] == "unknown"  # the warm-up's prefill, gated too
     case = next(c for c in ET.parse(pytester.path / "j.xml").getroot().iter("testcase"))
     props = {p.get("name"): p.get("value") for p in case.iter("property")}
     assert props["gate_verdict"] == "unknown" and props["gate_total_tok_s"] == "unknown"
-    assert int(props["gate_more"] or 0) >= 1
+    assert int(props["gate_more"] or 0) >= 1 if more else "gate_more" not in props
 
 
 def test_unknown_fails_the_run_when_asked(pytester: pytest.Pytester, noisy_baseline: str) -> None:

@@ -210,13 +210,16 @@ class Selection:
         self.needs_server = any(needs_server(i) for i in items)
         # a trace's cell (its name is no context: not a cell of the matrix, the gate's plan
         # or the A/B's rounds): the header's words and the progress lines
-        from ..results import CellId
-
         replays = {
             i.nodeid: i.callspec.params["llm_trace"]  # type: ignore[attr-defined]
             for i in items
             if "llm_trace" in getattr(getattr(i, "callspec", None), "params", {})
         }
+        if not replays:  # the results model only where a trace runs (a light unused plugin)
+            self.trace_cells, self.trace_spans, self.traces = {}, {}, []
+            return
+        from ..results import CellId
+
         self.trace_cells = {n: CellId.trace(str(t.name)) for n, t in replays.items()}
         self.trace_spans = {CellId.trace(str(t.name)): float(t.span_s) for t in replays.values()}
         self.traces = [str(c.context) for c in self.trace_cells.values()]
