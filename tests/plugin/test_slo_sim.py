@@ -29,7 +29,10 @@ ARGS = (
 #: these tests run on, and an unchanged run keeps it; at speed 3 (70 % slower) c1 is about
 #: 440: a miss on any machine.
 OBJECTIVES = "per_request_tok_s>=800,ttft<=1s"
-LOOSE = "--llm-tolerance=50%"
+#: the floors' tolerance where the capacity, not the floors, is under test: a loaded CI run
+#: read decode[8K-c64] at 10x 53 % below a quieter baseline run (24K tok/s of events: the client
+#: and the simulator share two cores), past a 50 % tolerance; a tenth is what no load reaches
+LOOSE = "--llm-tolerance=90%"
 
 
 def next_concurrency(doc, requests):
@@ -125,7 +128,7 @@ def test_a_run_whose_capacity_dropped_fails_the_gate_and_an_unchanged_one_passes
     assert kept["8K"] >= 1, kept  # c1 at 8K is 84 % above the bound
     # Chance: the floors are gated with the capacity; at the default 5 % a loaded machine made
     # an unchanged prefill miss its floor (−5.1 %, twice confirmed). The capacity is what this
-    # test is about: the floors get a tolerance (50 %) no load reaches on a simulator at 10x.
+    # test is about: the floors get a tolerance (90 %) no load reaches on a simulator at 10x.
     same = run(pytester, 10, f"--llm-slo={OBJECTIVES}", "--llm-baseline=b.toml", LOOSE)
     assert same.ret == 0, same.stdout.str()
     # 70 % slower: c1 at 8K (about 440 per-request tok/s) is far below the bound, whatever
