@@ -85,14 +85,14 @@ def test_empty_window():
 def test_inter_token_latency_is_every_gap_between_arrivals_inside_the_window():
     """Chunks read together are one arrival (no gap); a gap counts where its later arrival
     lies in the window; p90 needs 10 gaps, p99 100; a gap of 10 × the median is a stall."""
-    from pytest_llmspeed.core.stats import Spread, arrival_gaps_ms, least_for
+    from pytest_llmspeed.core.stats import Latencies, arrival_gaps_ms, least_for
 
     times = np.array([0.0, 0.01, 0.01, 0.02, 0.5, 0.51])
     assert arrival_gaps_ms(times, 0.0, 1.0).round(6).tolist() == [10.0, 10.0, 480.0, 10.0]
     assert arrival_gaps_ms(times, 0.015, 0.51).round(6).tolist() == [10.0, 480.0]
     assert (least_for(90), least_for(99)) == (10, 100)
-    few = Spread.of(np.array([10.0] * 9 + [480.0]), stalls=True)
+    few = Latencies.of(np.array([10.0] * 9 + [480.0]), stalls=True)
     assert few is not None and few.p90_ms is not None and few.p99_ms is None
     assert (few.median_ms, few.max_ms, few.n, few.stalls) == (10.0, 480.0, 10, 1)
-    assert Spread.of(np.array([10.0] * 9)).p90_ms is None  # type: ignore[union-attr]
-    assert Spread.of(np.empty(0)) is None
+    assert Latencies.of(np.array([10.0] * 9)).p90_ms is None  # type: ignore[union-attr]
+    assert Latencies.of(np.empty(0)) is None

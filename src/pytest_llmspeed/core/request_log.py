@@ -80,7 +80,7 @@ def request_row(
         last_s=_t(last, zero),
         ttft_ms=_ms(rec.t_send, rec.t_first),
         e2e_ms=_ms(rec.t_send, last) if rec.finished else None,
-        output_tokens=rec.n_tokens if len(times) else 0,
+        output_tokens=rec.n_tokens,
         chunks=rec.chunks,
         gaps_ms=[round(float(g), 3) for g in gaps],
         finish_reason=for_person(rec.finish_reason, 40) if rec.finish_reason else None,

@@ -124,9 +124,9 @@ class DecodeStats:
     tbt_n: int = 0
     #: inter-token latency over every gap (docs/metrics.md, "Inter-token latency"): the time
     #: between a request's consecutive arrivals of output inside the window, over all requests
-    itl: Spread | None = None
+    itl: Latencies | None = None
     #: end-to-end latency of the requests that finished inside the window (send to last token)
-    e2e: Spread | None = None
+    e2e: Latencies | None = None
 
     @property
     def precision(self) -> float | None:
@@ -148,7 +148,7 @@ STALL_FACTOR = 10.0
 
 
 @dataclass(frozen=True)
-class Spread:
+class Latencies:
     """A latency's distribution over its samples (ms): median, p90 and p99 (None where the
     sample is too small for the rank: :func:`least_for`), the largest, the count, and how many
     reached :data:`STALL_FACTOR` × the median (for gaps)."""
@@ -161,7 +161,7 @@ class Spread:
     stalls: int = 0
 
     @classmethod
-    def of(cls, values_ms: np.ndarray, stalls: bool = False) -> Spread | None:
+    def of(cls, values_ms: np.ndarray, stalls: bool = False) -> Latencies | None:
         n = len(values_ms)
         if not n:
             return None
@@ -334,8 +334,8 @@ def decode_stats(
         mean_output_in_flight=held,
         ttft_n=len(ttfts),
         tbt_n=len(tbts),
-        itl=Spread.of(np.concatenate(gaps) if gaps else np.empty(0), stalls=True),
-        e2e=Spread.of(np.asarray(e2es, dtype=np.float64)),
+        itl=Latencies.of(np.concatenate(gaps) if gaps else np.empty(0), stalls=True),
+        e2e=Latencies.of(np.asarray(e2es, dtype=np.float64)),
     )
 
 
